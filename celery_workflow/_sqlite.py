@@ -1,0 +1,175 @@
+"""SQLite plumbing shared by the SQLite World and the SQLite transport.
+
+* One connection per (process, thread): safe across ``fork()`` (Celery's prefork pool) and threads.
+* WAL mode, ``busy_timeout``; writes run in ``BEGIN IMMEDIATE`` transactions so writers queue instead of
+  deadlocking on lock upgrades.
+* Migrations: ``celery_workflow/sql/sqlite/NNNN_name.sql`` applied in order inside one exclusive transaction,
+  versions recorded in ``celery_workflow_schema_version``; a database newer than this library is refused.
+* :meth:`Database.wait_for_change` polls ``PRAGMA data_version`` (a shared-memory read, no disk I/O), so waiters in
+  other processes wake within milliseconds of a commit without re-running their queries in a loop.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+
+from celery_workflow.errors import SchemaVersionError, WorldError
+
+BUSY_TIMEOUT_MS = 30_000
+CHANGE_POLL = 0.005
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every packaged SQLite migration, in order."""
+    folder = resources.files("celery_workflow") / "sql" / "sqlite"
+    out = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            out.append((int(name[:4]), name, entry.read_text()))
+    return sorted(out)
+
+
+def _statements(script: str) -> Iterator[str]:
+    buf = ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                yield buf
+            buf = ""
+    if buf.strip() and not buf.strip().startswith("--"):
+        yield buf
+
+
+class Database:
+    """A SQLite file shared by processes on one machine."""
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL", migrate: bool = True) -> None:
+        self.path = str(Path(path).expanduser().resolve())
+        self.synchronous = synchronous
+        self._lock = threading.Lock()
+        self._conns: dict[tuple[int, int], sqlite3.Connection] = {}
+        self._orphans: list[sqlite3.Connection] = []  # connections inherited through fork: never used nor closed
+        self._pid = os.getpid()
+        if migrate:
+            self.migrate()
+
+    # -- connections ---------------------------------------------------------------------------------------------
+
+    def connection(self) -> sqlite3.Connection:
+        key = (os.getpid(), threading.get_ident())
+        conn = self._conns.get(key)
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._pid != key[0]:  # forked: the parent's connections must not be touched here
+                self._orphans.extend(self._conns.values())
+                self._conns = {}
+                self._pid = key[0]
+            conn = self._open()
+            self._conns[key] = conn
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise WorldError(f"cannot put {self.path} in WAL mode (got {mode})")
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            raise WorldError(f"cannot open SQLite database {self.path}: {exc}") from exc
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for conn in self._conns.values():
+                    conn.close()
+            self._conns = {}
+
+    # -- transactions --------------------------------------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """A write transaction (``BEGIN IMMEDIATE``); sqlite3 errors become WorldError."""
+        conn = self.connection()
+        try:
+            conn.execute(f"BEGIN {mode}")
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite: cannot begin a transaction: {exc}") from exc
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise WorldError(f"SQLite: commit failed: {exc}") from exc
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every statement inside sees the same committed state."""
+        with self.transaction("DEFERRED") as conn:
+            yield conn
+
+    # -- change detection ----------------------------------------------------------------------------------------
+
+    def data_version(self) -> int:
+        return int(self.connection().execute("PRAGMA data_version").fetchone()[0])
+
+    def wait_for_change(self, since: int, timeout: float) -> int:
+        """Block until another connection commits (data_version differs from ``since``) or ``timeout`` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self.data_version()
+            if current != since:
+                return current
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return current
+            time.sleep(min(CHANGE_POLL, left))
+
+    # -- migrations ----------------------------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply missing migrations; return the schema version. Refuses a database newer than this library."""
+        known = migrations()
+        latest = known[-1][0] if known else 0
+        with self.transaction("EXCLUSIVE") as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS celery_workflow_schema_version ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+            )
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
+            current = int(row[0])
+            if current > latest:
+                raise SchemaVersionError(
+                    f"{self.path} has schema version {current}, newer than the {latest} this celery_workflow knows;"
+                    " upgrade celery_workflow"
+                )
+            for version, name, sql in known:
+                if version <= current:
+                    continue
+                for statement in _statements(sql):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO celery_workflow_schema_version (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, int(time.time() * 1_000_000)),
+                )
+            return max(current, latest)

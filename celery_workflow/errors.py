@@ -1,0 +1,202 @@
+"""The exception tree of celery_workflow.
+
+Every error the library raises derives from :class:`CeleryWorkflowError`::
+
+    CeleryWorkflowError
+    ├── ConfigurationError          bad setup: unknown queue in a route, duplicate names, bad World URL
+    ├── PayloadError                a value that cannot be encoded or decoded as a payload
+    │   └── PayloadTooLarge
+    ├── WorldError                  a storage or driver failure (the driver error is ``__cause__``)
+    │   └── SchemaVersionError      the database was migrated by a newer celery_workflow
+    ├── EventRejected               a transition rule refused an append; nothing was written
+    │   ├── EventInvalid            malformed or oversized event (400)
+    │   ├── NotFound                (404)
+    │   │   ├── RunNotFound, StepNotFound, HookNotFound, WaitNotFound
+    │   ├── EventConflict           (409)
+    │   │   ├── RunTerminal         the run has ended
+    │   │   ├── EntityExists        the step, hook or wait was already created
+    │   │   ├── EntityTerminal      the step or wait already has its terminal event
+    │   │   └── StaleLog            the append expected another event count
+    │   └── TooEarly                a step's retry delay has not passed (425)
+    ├── WorkflowNotFound            no workflow registered under that name
+    ├── ReplayDivergence            the event log does not match the workflow code
+    ├── HookConflict                a hook's token is owned by another live hook
+    ├── StepFailed                  raised inside a workflow when a step failed for good
+    ├── WorkflowFailed              raised by ``Run.result`` for a failed run
+    ├── RunCancelled                raised by ``Run.result`` for a cancelled run
+    ├── ResultTimeout               ``Run.result(timeout=...)`` ran out of time
+    ├── FatalError                  raised by user code: fail the step without retrying
+    └── RetryableError              raised by user code: retry the step, optionally after a delay
+
+The class docstring is the default message.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+
+class CeleryWorkflowError(Exception):
+    """A celery_workflow error."""
+
+    def __init__(self, message: str | None = None, *args: Any) -> None:
+        super().__init__(message or (self.__doc__ or "").strip().splitlines()[0], *args)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigurationError(CeleryWorkflowError):
+    """Invalid configuration."""
+
+
+class PayloadError(CeleryWorkflowError):
+    """The value cannot be encoded or decoded as a payload."""
+
+
+class PayloadTooLarge(PayloadError):
+    """The payload is larger than the World accepts."""
+
+
+class WorldError(CeleryWorkflowError):
+    """The World's storage failed."""
+
+
+class SchemaVersionError(WorldError):
+    """The database schema is newer than this version of celery_workflow."""
+
+
+class EventRejected(CeleryWorkflowError):
+    """The event was rejected by a transition rule; nothing was written."""
+
+    status: int = 400
+
+
+class EventInvalid(EventRejected):
+    """The event is malformed."""
+
+    status = 400
+
+
+class NotFound(EventRejected, LookupError):
+    """Not found."""
+
+    status = 404
+
+
+class RunNotFound(NotFound):
+    """No such run."""
+
+
+class StepNotFound(NotFound):
+    """No such step."""
+
+
+class HookNotFound(NotFound):
+    """No live hook with that token or id."""
+
+
+class WaitNotFound(NotFound):
+    """No such wait."""
+
+
+class EventConflict(EventRejected):
+    """The event conflicts with the run's current state."""
+
+    status = 409
+
+
+class RunTerminal(EventConflict):
+    """The run has already ended."""
+
+
+class EntityExists(EventConflict):
+    """The step, hook or wait already exists."""
+
+
+class EntityTerminal(EventConflict):
+    """The step or wait already has its terminal event."""
+
+
+class StaleLog(EventConflict):
+    """The run's event count is not the one the append expected."""
+
+
+class TooEarly(EventRejected):
+    """The step may not start before its retry time."""
+
+    status = 425
+
+    def __init__(self, message: str | None = None, *, retry_after: datetime) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class WorkflowNotFound(CeleryWorkflowError, LookupError):
+    """No workflow is registered under that name."""
+
+
+class ReplayDivergence(CeleryWorkflowError):
+    """The run's event log does not match what the workflow code does."""
+
+
+class HookConflict(CeleryWorkflowError):
+    """The hook's token is owned by another live hook."""
+
+    def __init__(self, message: str | None = None, *, token: str = "", conflicting_run_id: str | None = None) -> None:
+        super().__init__(message or f"hook token {token!r} is owned by run {conflicting_run_id}")
+        self.token = token
+        self.conflicting_run_id = conflicting_run_id
+
+
+class StepFailed(CeleryWorkflowError):
+    """A step failed for good."""
+
+    def __init__(
+        self, message: str | None = None, *, step_id: str = "", step_name: str = "", error: dict[str, Any] | None = None
+    ) -> None:
+        err = error or {}
+        super().__init__(message or f"step {step_name or step_id} failed: {err.get('type', 'Error')}: {err.get('message', '')}")
+        self.step_id = step_id
+        self.step_name = step_name
+        self.error = err
+
+    @property
+    def error_type(self) -> str:
+        return str(self.error.get("type", ""))
+
+
+class WorkflowFailed(CeleryWorkflowError):
+    """The run failed."""
+
+    def __init__(self, message: str | None = None, *, run_id: str = "", error: dict[str, Any] | None = None) -> None:
+        err = error or {}
+        super().__init__(message or f"run {run_id} failed: {err.get('type', 'Error')}: {err.get('message', '')}")
+        self.run_id = run_id
+        self.error = err
+
+
+class RunCancelled(CeleryWorkflowError):
+    """The run was cancelled."""
+
+    def __init__(self, message: str | None = None, *, run_id: str = "") -> None:
+        super().__init__(message or f"run {run_id} was cancelled")
+        self.run_id = run_id
+
+
+class ResultTimeout(CeleryWorkflowError, TimeoutError):
+    """The run did not finish in time."""
+
+
+class FatalError(CeleryWorkflowError):
+    """The step failed and must not be retried."""
+
+
+class RetryableError(CeleryWorkflowError):
+    """The step failed and should be retried."""
+
+    def __init__(self, message: str | None = None, *, retry_after: float | timedelta | datetime | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

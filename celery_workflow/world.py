@@ -1,0 +1,230 @@
+"""The World protocol: storage (event log and views), queue (deliveries) and streams.
+
+A World is everything durable about workflows. Every World applies the rules of :mod:`celery_workflow.events`
+(:func:`~celery_workflow.events.plan_append`) and stores each append atomically: the events at contiguous slots, the
+view changes and the deliveries handed in with them. The shape fits a DynamoDB World too: an append is one
+conditional transaction on the run's event count (at most 100 items), reads are consistent, and every listing goes
+through a key or an index.
+
+Deliveries are opaque bytes to a World (a Celery message envelope built by :mod:`celery_workflow.app`); the World
+stores them on a named queue with a due time and an optional idempotency key, which deduplicates against a *pending*
+delivery of the same run (claiming a delivery releases its key, so a delivery queued during execution is never lost).
+
+Worlds are selected by URL with :func:`open_world`: ``sqlite:///path`` (the embedded default), ``postgresql://…``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
+
+T = TypeVar("T")
+
+#: The queue that carries deliveries of unrouted workflows (Celery's default queue name).
+DEFAULT_QUEUE = "celery"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message to put on a queue."""
+
+    queue: str
+    payload: bytes
+    run_id: str | None = None
+    not_before: datetime | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """A delivery claimed with a lease. ``receipt`` identifies this claim for ack/release/extend."""
+
+    receipt: str
+    queue: str
+    payload: bytes
+    attempts: int
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    run_id: str
+    workflow_name: str
+    input: Any  # JSON: {"args": [...], "kwargs": {...}}
+    queue: str | None = None
+
+    def event_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"workflow_name": self.workflow_name, "input": self.input}
+        if self.queue is not None:
+            data["queue"] = self.queue
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    events: list[Event]
+    run: RunView
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    cursor: str | None = None  # pass back to get the next page; None when there is none
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    index: int
+    data: bytes  # codec-tagged (codec.dumps_chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPage:
+    chunks: list[StreamChunk]
+    closed: bool
+    next_index: int  # the index after the last chunk returned (or ``start`` when none)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSpec:
+    """How Celery reaches this World's queue: a Kombu transport class path, a URL and transport options."""
+
+    transport: str
+    url: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class World(Protocol):
+    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe."""
+
+    #: Longest time a waiter sleeps between checks when nothing wakes it.
+    poll_interval: float
+
+    # -- storage -------------------------------------------------------------------------------------------------
+
+    def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
+        """Write ``run_created`` at slot 1 and the deliveries, atomically.
+
+        Idempotent by run id: when the run exists, nothing is written and ``(existing, False)`` is returned
+        (:class:`~celery_workflow.errors.EntityExists` when it belongs to another workflow).
+        """
+        ...
+
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_count: int | None = None,
+        deliveries: Sequence[Delivery] = (),
+    ) -> AppendResult:
+        """Append a batch at the next slots, apply it to the views and store the deliveries, all or nothing."""
+        ...
+
+    def get_run(self, run_id: str) -> RunView: ...
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[RunView]:
+        """Runs, newest first (by run id, descending)."""
+        ...
+
+    def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
+        """Events with slot > ``after_slot``, ascending. Raises RunNotFound for an unknown run."""
+        ...
+
+    def get_step(self, run_id: str, step_id: str) -> StepView: ...
+
+    def list_steps(self, run_id: str) -> list[StepView]: ...
+
+    def get_hook_by_token(self, token: str) -> HookView:
+        """The live hook owning ``token``; HookNotFound otherwise."""
+        ...
+
+    def list_hooks(self, run_id: str) -> list[HookView]: ...
+
+    def list_waits(self, run_id: str) -> list[WaitView]: ...
+
+    def wait_for_terminal(self, run_id: str, timeout: float | None) -> RunView:
+        """Block until the run is terminal or ``timeout`` seconds pass; return the run as it is then."""
+        ...
+
+    # -- queue ---------------------------------------------------------------------------------------------------
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Store deliveries; ``False`` for one deduplicated by its idempotency key."""
+        ...
+
+    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
+        """Claim due, unleased deliveries of these queues, oldest due first, hiding them for ``lease`` seconds."""
+        ...
+
+    def ack(self, receipt: str) -> None:
+        """Delete a claimed delivery."""
+        ...
+
+    def release(self, receipt: str) -> None:
+        """Give a claimed delivery back at once (shutdown, requeue)."""
+        ...
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        """Release a claimed delivery, due again in ``delay`` seconds."""
+        ...
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        """Extend the leases of claimed deliveries to ``lease`` seconds from now."""
+        ...
+
+    # -- streams -------------------------------------------------------------------------------------------------
+
+    def write_stream(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
+        """Append chunks at the stream's next indexes; return the index after the last. RunNotFound if no run."""
+        ...
+
+    def close_stream(self, run_id: str, name: str) -> None:
+        """Mark the stream closed (idempotent); writes after that raise EventConflict."""
+        ...
+
+    def read_stream(
+        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
+    ) -> StreamPage:
+        """Chunks from index ``start``; when none are there yet and the stream is open, wait up to ``wait`` s."""
+        ...
+
+    def list_streams(self, run_id: str) -> list[str]: ...
+
+    # -- wiring --------------------------------------------------------------------------------------------------
+
+    def broker(self) -> BrokerSpec:
+        """The Kombu transport Celery uses to consume this World's queue."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_world(url: str, **options: Any) -> World:
+    """A World from a URL: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``postgresql://…``."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        from celery_workflow.world_sqlite import SQLiteWorld
+
+        return SQLiteWorld.from_url(url, **options)
+    if scheme in ("postgres", "postgresql"):
+        try:
+            from celery_workflow.world_pg import PostgresWorld  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:  # pragma: no cover - until the Postgres World lands
+            raise ConfigurationError(f"the Postgres World is not available: {exc}") from exc
+        world: World = PostgresWorld.open(url, **options)
+        return world
+    raise ConfigurationError(f"unknown World URL scheme {scheme!r} (expected sqlite:// or postgresql://)")
