@@ -1,5 +1,97 @@
-"""celery_workflow: durable workflows on Celery."""
+"""celery_workflow: durable workflows on Celery.
+
+A workflow is a decorated function that calls durable steps, sleeps, waits for hooks and webhooks, and streams
+progress. Its state is an event log in a World (embedded SQLite by default); its deliveries are Celery task messages.
+"""
 
 from __future__ import annotations
 
+from celery_workflow.app import Step, Workflow, Workflows
+from celery_workflow.client import Run
+from celery_workflow.errors import (
+    CeleryWorkflowError,
+    ConfigurationError,
+    EventRejected,
+    FatalError,
+    HookConflict,
+    HookNotFound,
+    PayloadError,
+    ReplayDivergence,
+    ResultTimeout,
+    RetryableError,
+    RunCancelled,
+    RunNotFound,
+    RunTerminal,
+    StepFailed,
+    WorkflowFailed,
+    WorkflowNotFound,
+    WorldError,
+)
+from celery_workflow.events import Event, EventType, RunStatus, StepStatus
+from celery_workflow.runtime.context import (
+    Hook,
+    StepFuture,
+    StepMetadata,
+    StreamWriter,
+    Webhook,
+    WebhookRequest,
+    WorkflowMetadata,
+    create_hook,
+    create_webhook,
+    gather,
+    get_writable,
+    now,
+    random,
+    sleep,
+    step_metadata,
+    uuid4,
+    workflow_metadata,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "CeleryWorkflowError",
+    "ConfigurationError",
+    "Event",
+    "EventRejected",
+    "EventType",
+    "FatalError",
+    "Hook",
+    "HookConflict",
+    "HookNotFound",
+    "PayloadError",
+    "ReplayDivergence",
+    "ResultTimeout",
+    "RetryableError",
+    "Run",
+    "RunCancelled",
+    "RunNotFound",
+    "RunStatus",
+    "RunTerminal",
+    "Step",
+    "StepFailed",
+    "StepFuture",
+    "StepMetadata",
+    "StepStatus",
+    "StreamWriter",
+    "Webhook",
+    "WebhookRequest",
+    "Workflow",
+    "WorkflowFailed",
+    "WorkflowMetadata",
+    "WorkflowNotFound",
+    "Workflows",
+    "WorldError",
+    "__version__",
+    "create_hook",
+    "create_webhook",
+    "gather",
+    "get_writable",
+    "now",
+    "random",
+    "sleep",
+    "step_metadata",
+    "uuid4",
+    "workflow_metadata",
+]

@@ -70,7 +70,7 @@ def _adapter(hint: Any) -> TypeAdapter[Any]:
 
 def from_json(value: Any, hint: Any = _ANY) -> Any:
     """Rebuild ``value`` (plain JSON) as ``hint``; without a hint, return it unchanged."""
-    if hint is _ANY or hint is Any or hint is inspect.Parameter.empty or hint is None and value is None:
+    if hint is _ANY or hint is Any or hint is inspect.Parameter.empty or (hint is None and value is None):
         return value
     try:
         return _adapter(hint).validate_python(value)

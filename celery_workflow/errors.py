@@ -158,7 +158,9 @@ class StepFailed(CeleryWorkflowError):
         self, message: str | None = None, *, step_id: str = "", step_name: str = "", error: dict[str, Any] | None = None
     ) -> None:
         err = error or {}
-        super().__init__(message or f"step {step_name or step_id} failed: {err.get('type', 'Error')}: {err.get('message', '')}")
+        super().__init__(
+            message or f"step {step_name or step_id} failed: {err.get('type', 'Error')}: {err.get('message', '')}"
+        )
         self.step_id = step_id
         self.step_name = step_name
         self.error = err

@@ -12,7 +12,7 @@ A World appends a batch of events like this, inside one transaction (or one cond
      and, when plan.run_ended, delete every hook and wait of the run (releasing tokens)>
 
 :func:`plan_append` raises a subclass of :class:`~celery_workflow.errors.EventRejected` when a rule refuses the batch;
-nothing of the batch is written then. Rules (reference/vercel-workflow.md §3.1, pitfalls P1–P7, P12–P13):
+nothing of the batch is written then. Rules (reference/vercel-workflow.md §3.1, pitfalls P1-P7, P12-P13):
 
 * the run must exist (P13); ``expected_count``, when given, must equal the run's event count (:class:`StaleLog`);
 * a terminal run takes no run event (:class:`RunTerminal`) except a repeated ``run_cancelled`` (a no-op), and no new
@@ -42,6 +42,8 @@ from celery_workflow.errors import (
     EntityTerminal,
     EventInvalid,
     HookNotFound,
+    PayloadError,
+    PayloadTooLarge,
     RunNotFound,
     RunTerminal,
     StaleLog,
@@ -101,7 +103,13 @@ class WaitStatus(StrEnum):
 
 _TERMINAL_RUN = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
 RUN_EVENTS = frozenset(
-    {EventType.RUN_CREATED, EventType.RUN_STARTED, EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED}
+    {
+        EventType.RUN_CREATED,
+        EventType.RUN_STARTED,
+        EventType.RUN_COMPLETED,
+        EventType.RUN_FAILED,
+        EventType.RUN_CANCELLED,
+    }
 )
 STEP_EVENTS = frozenset(
     {
@@ -285,9 +293,9 @@ def validate(ev: NewEvent) -> bytes:
         raise EventInvalid("hook_created needs a non-empty string token")
     try:
         return codec.dumps(dict(ev.data))
-    except codec.PayloadTooLarge as exc:
+    except PayloadTooLarge as exc:
         raise EventInvalid(f"{ev.event_type}: {exc}") from exc
-    except codec.PayloadError as exc:
+    except PayloadError as exc:
         raise EventInvalid(f"{ev.event_type}: data is not JSON: {exc}") from exc
 
 
@@ -391,7 +399,9 @@ class _State:
             if run.status is RunStatus.RUNNING:
                 return  # already started; started_at is kept (P7)
             self._emit(ev)
-            self.plan.run = dataclasses.replace(self.run, status=RunStatus.RUNNING, started_at=run.started_at or self.now)
+            self.plan.run = dataclasses.replace(
+                self.run, status=RunStatus.RUNNING, started_at=run.started_at or self.now
+            )
             return
         status = {
             EventType.RUN_COMPLETED: RunStatus.COMPLETED,
@@ -448,7 +458,9 @@ class _State:
             if run.status.terminal:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; step {sid} may not start")
             if step.retry_after is not None and step.retry_after > self.now:
-                raise TooEarly(f"step {sid} may not start before {isoformat(step.retry_after)}", retry_after=step.retry_after)
+                raise TooEarly(
+                    f"step {sid} may not start before {isoformat(step.retry_after)}", retry_after=step.retry_after
+                )
             attempt = step.attempt + 1
             self._emit(ev, {**ev.data, "attempt": attempt})
             self._put_step(
@@ -481,7 +493,11 @@ class _State:
             self._emit(ev)
             self._put_step(
                 dataclasses.replace(
-                    step, status=StepStatus.COMPLETED, output=ev.data["result"], completed_at=self.now, updated_at=self.now
+                    step,
+                    status=StepStatus.COMPLETED,
+                    output=ev.data["result"],
+                    completed_at=self.now,
+                    updated_at=self.now,
                 )
             )
         else:  # STEP_FAILED
@@ -511,9 +527,7 @@ class _State:
             token = str(ev.data["token"])
             owner = self.token_owners.get(token)
             if owner is not None:
-                self._emit(
-                    ev, {"token": token, "conflicting_run_id": owner.run_id}, event_type=EventType.HOOK_CONFLICT
-                )
+                self._emit(ev, {"token": token, "conflicting_run_id": owner.run_id}, event_type=EventType.HOOK_CONFLICT)
                 return
             self._emit(ev)
             view = HookView(

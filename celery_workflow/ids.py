@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -30,14 +30,14 @@ def new_delivery_id() -> str:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def to_utc(value: datetime) -> datetime:
     """Aware UTC datetime, truncated to microseconds (what every World stores)."""
     if value.tzinfo is None:
         raise ValueError("naive datetime; celery_workflow uses aware UTC datetimes")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def to_micros(value: datetime) -> int:
@@ -47,7 +47,7 @@ def to_micros(value: datetime) -> int:
 
 def from_micros(value: int) -> datetime:
     seconds, micros = divmod(value, 1_000_000)
-    return datetime.fromtimestamp(seconds, timezone.utc).replace(microsecond=micros)
+    return datetime.fromtimestamp(seconds, UTC).replace(microsecond=micros)
 
 
 def isoformat(value: datetime) -> str:

@@ -1,0 +1,336 @@
+"""The Celery binding: :class:`Workflows`, the ``@wf.workflow`` / ``@wf.step`` decorators and their Celery tasks.
+
+This is the only module that knows Celery's task API. Each workflow gets a task named ``workflow.<name>`` and each
+step ``step.<name>`` (what Flower shows); a delivery message carries the run id (and step id) as task arguments,
+and the delivery id as the task id. Tasks are ``acks_late`` with ``reject_on_worker_lost`` and prefetch 1, and do
+not ack on failure: an infrastructure error (the World unreachable, say) leaves the delivery to be retried with
+backoff by the transport. Step retries and failures are recorded in the World, never left to Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from celery_workflow import envelope
+from celery_workflow.client import Run
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.events import HookView, RunStatus
+from celery_workflow.ids import new_delivery_id
+from celery_workflow.runtime import context
+from celery_workflow.runtime.context import NotInWorkflow, StepFuture
+from celery_workflow.runtime.handlers import Runtime
+from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
+from celery_workflow.world import DEFAULT_QUEUE, Delivery, World, open_world
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+log = logging.getLogger("celery_workflow")
+
+#: Where the embedded default World lives unless ``CELERY_WORKFLOW_URL`` or ``world=`` says otherwise.
+DEFAULT_URL = "sqlite:///celery_workflow.sqlite3"
+
+
+def workflow_task_name(name: str) -> str:
+    return f"workflow.{name}"
+
+
+def step_task_name(name: str) -> str:
+    return f"step.{name}"
+
+
+class CeleryDispatcher:
+    """Builds deliveries as Celery task messages for the World to store."""
+
+    def __init__(self, celery_app: Any) -> None:
+        self.celery_app = celery_app
+
+    def workflow_delivery(
+        self, run_id: str, workflow_name: str, queue: str, *, not_before: datetime | None, idempotency_key: str
+    ) -> Delivery:
+        payload = envelope.build(
+            self.celery_app,
+            workflow_task_name(workflow_name),
+            [run_id],
+            {},
+            queue=queue,
+            task_id=new_delivery_id(),
+            not_before=not_before,
+        )
+        return Delivery(queue, payload, run_id, not_before, idempotency_key)
+
+    def step_delivery(
+        self, run_id: str, workflow_name: str, step_name: str, step_id: str, queue: str, *, not_before: datetime | None
+    ) -> Delivery:
+        payload = envelope.build(
+            self.celery_app,
+            step_task_name(step_name),
+            [run_id, step_id],
+            {},
+            queue=queue,
+            task_id=new_delivery_id(),
+            not_before=not_before,
+        )
+        return Delivery(queue, payload, run_id, not_before, f"step:{step_id}")
+
+
+class Workflow(Generic[P, R]):
+    """A registered workflow. ``start(...)`` begins a durable run; calling it runs the function as plain Python."""
+
+    def __init__(self, workflows: Workflows, wdef: WorkflowDef) -> None:
+        self._workflows = workflows
+        self.definition = wdef
+        self.name = wdef.name
+        self.__wrapped__ = wdef.func
+        self.__doc__ = wdef.func.__doc__
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = self.definition.func(*args, **kwargs)
+        return result
+
+    def start(self, *args: Any, run_id: str | None = None, **kwargs: Any) -> Run[R]:
+        """Start a run (idempotent by ``run_id``) and return its handle."""
+        return self._workflows._start(self.name, args, kwargs, run_id=run_id)
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name}>"
+
+
+class Step(Generic[P, R]):
+    """A registered step. Called inside a workflow it runs durably; elsewhere it is the plain function."""
+
+    def __init__(self, workflows: Workflows, sdef: StepDef) -> None:
+        self._workflows = workflows
+        self.definition = sdef
+        self.name = sdef.name
+        self.__wrapped__ = sdef.func
+        self.__doc__ = sdef.func.__doc__
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        replay = context.current_replay()
+        if replay is not None and not context.in_step():
+            result: R = replay.start_step(self.definition, args, kwargs, inline=True).result()
+            return result
+        value: R = self.definition.func(*args, **kwargs)
+        return value
+
+    def start(self, *args: P.args, **kwargs: P.kwargs) -> StepFuture[R]:
+        """Start the step as its own delivery (in parallel); ``.result()`` or ``gather()`` waits for it."""
+        replay = context.current_replay()
+        if replay is None or context.in_step():
+            raise NotInWorkflow(f"{self.name}.start() can only be called inside a workflow")
+        future: StepFuture[R] = replay.start_step(self.definition, args, kwargs, inline=False)
+        return future
+
+    def __repr__(self) -> str:
+        return f"<Step {self.name}>"
+
+
+class Workflows:
+    """Durable workflows on a Celery app.
+
+    ``world`` is a World or a URL (``sqlite:///path``, ``postgresql://…``); ``None`` means the embedded SQLite World
+    at ``$CELERY_WORKFLOW_URL`` or ``sqlite:///celery_workflow.sqlite3``. The Celery app's broker is set to the
+    World's queue (``broker_transport``/``broker_url``), with prefetch multiplier 1.
+    """
+
+    def __init__(
+        self,
+        celery_app: Any,
+        world: World | str | None = None,
+        *,
+        base_url: str | None = None,
+        routes: Mapping[str, str] | None = None,
+        queues: Sequence[str] | None = None,
+        inline_budget: float = 30.0,
+        transport_options: Mapping[str, Any] | None = None,
+        configure_broker: bool = True,
+    ) -> None:
+        self.celery_app = celery_app
+        if world is None:
+            world = os.environ.get("CELERY_WORKFLOW_URL") or DEFAULT_URL
+        self.world: World = open_world(world) if isinstance(world, str) else world
+        self.base_url = base_url
+        self.registry = Registry()
+        self._known_queues = set(queues) if queues is not None else None
+        self.routes: dict[str, str] = {}
+        self.runtime = Runtime(
+            self.world,
+            self.registry,
+            CeleryDispatcher(celery_app),
+            base_url=base_url,
+            routes=self.routes,
+            default_queue=self._default_queue(),
+            inline_budget=inline_budget,
+        )
+        for name, queue in (routes or {}).items():
+            self.route(name, queue)
+        if configure_broker:
+            self._configure_celery(transport_options or {})
+
+    # -- configuration ---------------------------------------------------------------------------------------------
+
+    def _default_queue(self) -> str:
+        return str(getattr(self.celery_app.conf, "task_default_queue", None) or DEFAULT_QUEUE)
+
+    def _configure_celery(self, transport_options: Mapping[str, Any]) -> None:
+        spec = self.world.broker()
+        conf = self.celery_app.conf
+        conf.broker_url = spec.url
+        conf.broker_transport = spec.transport
+        conf.broker_transport_options = {
+            **spec.options,
+            **dict(conf.broker_transport_options or {}),
+            **transport_options,
+        }
+        conf.worker_prefetch_multiplier = 1
+        conf.broker_connection_retry_on_startup = True
+
+    def _check_queue(self, queue: str, what: str) -> str:
+        """Known queues: ``queues=`` if given, else Celery's ``task_queues`` if set; otherwise any name goes."""
+        known = self._known_queues
+        if known is None and self.celery_app.conf.task_queues:
+            known = {q.name for q in self.celery_app.conf.task_queues}
+        if known is not None and queue not in known and queue != self._default_queue():
+            raise ConfigurationError(f"{what} routes to unknown queue {queue!r}; known queues: {sorted(known)}")
+        return queue
+
+    def route(self, workflow_name: str, queue: str) -> None:
+        """Send every delivery of ``workflow_name``'s runs to ``queue``."""
+        self.routes[workflow_name] = self._check_queue(queue, f"route of workflow {workflow_name!r}")
+
+    # -- decorators ------------------------------------------------------------------------------------------------
+
+    @overload
+    def workflow(self, func: Callable[P, R], /) -> Workflow[P, R]: ...
+
+    @overload
+    def workflow(
+        self, func: None = None, /, *, name: str | None = None, queue: str | None = None
+    ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
+
+    def workflow(
+        self, func: Callable[P, R] | None = None, /, *, name: str | None = None, queue: str | None = None
+    ) -> Workflow[P, R] | Callable[[Callable[P, R]], Workflow[P, R]]:
+        """Register a workflow: a deterministic function that calls steps, sleeps and waits for hooks."""
+
+        def register(fn: Callable[P, R]) -> Workflow[P, R]:
+            if queue is not None:
+                self._check_queue(queue, f"workflow {name or fn.__name__!r}")
+            wdef = WorkflowDef(name=name or fn.__name__, func=fn, queue=queue)
+            self.registry.add_workflow(wdef)
+            self._register_workflow_task(wdef)
+            return Workflow(self, wdef)
+
+        return register(func) if func is not None else register
+
+    @overload
+    def step(self, func: Callable[P, R], /) -> Step[P, R]: ...
+
+    @overload
+    def step(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int = 3,
+        queue: str | None = None,
+        retry_backoff: float = 1.0,
+    ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
+
+    def step(
+        self,
+        func: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        max_retries: int = 3,
+        queue: str | None = None,
+        retry_backoff: float = 1.0,
+    ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
+        """Register a step: any code, run at least once and recorded exactly once, retried on errors."""
+
+        def register(fn: Callable[P, R]) -> Step[P, R]:
+            if queue is not None:
+                self._check_queue(queue, f"step {name or fn.__name__!r}")
+            sdef = StepDef(
+                name=name or fn.__name__, func=fn, max_retries=max_retries, queue=queue, retry_backoff=retry_backoff
+            )
+            self.registry.add_step(sdef)
+            self._register_step_task(sdef)
+            return Step(self, sdef)
+
+        return register(func) if func is not None else register
+
+    def _task_options(self) -> dict[str, Any]:
+        return {
+            "bind": True,
+            "acks_late": True,
+            "reject_on_worker_lost": True,
+            "acks_on_failure_or_timeout": False,
+            "ignore_result": True,
+            "typing": False,
+        }
+
+    def _register_workflow_task(self, wdef: WorkflowDef) -> None:
+        runtime = self.runtime
+
+        def run_workflow(task: Any, run_id: str) -> str:
+            return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), attempt=_attempt(task))
+
+        run_workflow.__name__ = run_workflow.__qualname__ = f"workflow_{wdef.name}"
+        self.celery_app.task(name=workflow_task_name(wdef.name), **self._task_options())(run_workflow)
+
+    def _register_step_task(self, sdef: StepDef) -> None:
+        runtime = self.runtime
+
+        def run_step(task: Any, run_id: str, step_id: str) -> str:
+            return runtime.handle_step(run_id, step_id, delivery_id=str(task.request.id), attempt=_attempt(task))
+
+        run_step.__name__ = run_step.__qualname__ = f"step_{sdef.name}"
+        self.celery_app.task(name=step_task_name(sdef.name), **self._task_options())(run_step)
+
+    # -- outside calls ---------------------------------------------------------------------------------------------
+
+    def _start(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], *, run_id: str | None) -> Run[Any]:
+        view, _created = self.runtime.start(name, args, kwargs, run_id=run_id)
+        return Run(self.runtime, view.run_id)
+
+    def start(self, workflow_name: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> Run[Any]:
+        """Start a run of a workflow by name (idempotent by ``run_id``)."""
+        return self._start(workflow_name, args, kwargs, run_id=run_id)
+
+    def get_run(self, run_id: str) -> Run[Any]:
+        """A handle on an existing run; RunNotFound if there is none."""
+        self.world.get_run(run_id)
+        return Run(self.runtime, run_id)
+
+    def list_runs(
+        self, workflow: str | None = None, status: RunStatus | str | None = None, limit: int = 100
+    ) -> list[Run[Any]]:
+        """Runs, newest first."""
+        page = self.world.list_runs(workflow=workflow, status=status, limit=limit)
+        return [Run(self.runtime, view.run_id) for view in page.items]
+
+    def resume_hook(self, token: str, payload: Any = None) -> HookView:
+        """Deliver ``payload`` to the hook with ``token`` and wake its run. HookNotFound if no live hook has it."""
+        return self.runtime.resume_hook(token, payload)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> None:
+        self.runtime.cancel(run_id, reason)
+
+    def close(self) -> None:
+        self.world.close()
+
+
+def _attempt(task: Any) -> int:
+    info = getattr(task.request, "delivery_info", None) or {}
+    try:
+        return int(info.get("cw_attempts", 1))
+    except (TypeError, ValueError):
+        return 1

@@ -1,0 +1,293 @@
+"""The API user code calls inside workflows and steps.
+
+Inside a workflow (during replay): ``sleep``, ``create_hook``, ``create_webhook``, ``gather``, ``now``, ``random``,
+``uuid4``, ``workflow_metadata``; step calls and ``step.start(...)`` go through the active replay too.
+Inside a step: ``get_writable``, ``step_metadata``. These read the active context from contextvars; nothing global.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random as _random
+import uuid as _uuid
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from celery_workflow import codec
+from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, StepFailed
+
+if TYPE_CHECKING:
+    from celery_workflow.runtime.replay import Replay
+    from celery_workflow.world import World
+
+T = TypeVar("T")
+
+
+class NotInWorkflow(CeleryWorkflowError):
+    """This function can only be called inside a workflow."""
+
+
+class NotInStep(CeleryWorkflowError):
+    """This function can only be called inside a step."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowMetadata:
+    run_id: str
+    workflow_name: str
+    started_at: datetime
+    url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetadata:
+    """``step_id`` is stable across retries: use it as the idempotency key of external calls."""
+
+    step_id: str
+    step_name: str
+    attempt: int
+    run_id: str
+    workflow_name: str
+    started_at: datetime
+
+
+@dataclass(slots=True)
+class StepContext:
+    world: World
+    metadata: StepMetadata
+    writers: dict[str, StreamWriter] = field(default_factory=dict)
+
+
+_replay: ContextVar[Replay | None] = ContextVar("celery_workflow_replay", default=None)
+_step: ContextVar[StepContext | None] = ContextVar("celery_workflow_step", default=None)
+
+
+def current_replay() -> Replay | None:
+    return _replay.get()
+
+
+def _require_replay(what: str) -> Replay:
+    replay = _replay.get()
+    if replay is None or _step.get() is not None:
+        raise NotInWorkflow(f"{what}() can only be called inside a workflow")
+    return replay
+
+
+def _require_step(what: str) -> StepContext:
+    ctx = _step.get()
+    if ctx is None:
+        raise NotInStep(f"{what}() can only be called inside a step")
+    return ctx
+
+
+# -- workflow API ----------------------------------------------------------------------------------------------------
+
+
+def sleep(duration: float | timedelta) -> None:
+    """Suspend the run for ``duration`` (seconds or a timedelta). Durable: no worker waits meanwhile."""
+    seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+    _require_replay("sleep").sleep(seconds)
+
+
+def now() -> datetime:
+    """The run's deterministic clock: when the last event the workflow has observed was recorded."""
+    return _require_replay("now").clock
+
+
+def random() -> float:
+    """A deterministic pseudo-random float in [0, 1), the same on every replay of the run."""
+    return _require_replay("random").rng.random()
+
+
+def uuid4() -> _uuid.UUID:
+    """A deterministic random UUID, the same on every replay of the run."""
+    rng: _random.Random = _require_replay("uuid4").rng
+    return _uuid.UUID(int=rng.getrandbits(128), version=4)
+
+
+def workflow_metadata() -> WorkflowMetadata:
+    return _require_replay("workflow_metadata").metadata
+
+
+def create_hook(token: str | None = None, metadata: Any = None, *, payload_type: Any = None) -> Hook[Any]:
+    """A hook the outside resumes with ``wf.resume_hook(token, payload)``. ``wait()`` suspends until a payload."""
+    return _require_replay("create_hook").create_hook(token=token, metadata=metadata, payload_type=payload_type)
+
+
+def create_webhook(*, token: str | None = None, respond_with: Mapping[str, Any] | None = None) -> Webhook:
+    """A hook resumed by an HTTP request to ``webhook.url``; ``wait()`` returns the :class:`WebhookRequest`."""
+    return _require_replay("create_webhook").create_webhook(token=token, respond_with=respond_with)
+
+
+def gather(*futures: StepFuture[Any], return_exceptions: bool = False) -> list[Any]:
+    """Wait for several step futures (started with ``step.start(...)``) that run in parallel."""
+    _require_replay("gather")
+    results: list[Any] = []
+    pending_error: StepFailed | None = None
+    for fut in futures:
+        try:
+            results.append(fut.result())
+        except StepFailed as exc:
+            if not return_exceptions:
+                pending_error = pending_error or exc
+            results.append(exc)
+    if pending_error is not None:
+        raise pending_error
+    return results
+
+
+class StepFuture(Generic[T]):
+    """A step started with ``step.start(...)``; it runs as its own delivery, in parallel with the workflow."""
+
+    def __init__(self, replay: Replay, step_id: str, decode: Any) -> None:
+        self._replay = replay
+        self.step_id = step_id
+        self._decode = decode
+
+    def result(self) -> T:
+        """The step's result (suspending the run until it exists); raises StepFailed if it failed for good."""
+        value: T = self._replay.step_result(self.step_id, self._decode)
+        return value
+
+    def done(self) -> bool:
+        return self._replay.step_done(self.step_id)
+
+    def __repr__(self) -> str:
+        return f"<StepFuture {self.step_id}>"
+
+
+class Hook(Generic[T]):
+    """A durable hook. ``wait()`` returns the next payload; iterate for many payloads."""
+
+    def __init__(self, replay: Replay, hook_id: str, token: str, payload_type: Any = None) -> None:
+        self._replay = replay
+        self.hook_id = hook_id
+        self.token = token
+        self._payload_type = payload_type
+        self._consumed = 0
+
+    def wait(self) -> T:
+        value, self._consumed = self._replay.hook_next(self.hook_id, self._consumed)
+        if self._payload_type is not None:
+            return codec.from_json(value, self._payload_type)  # type: ignore[no-any-return]
+        return value  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            yield self.wait()
+
+    def dispose(self) -> None:
+        """Release the hook (and its token) before the run ends."""
+        self._replay.hook_dispose(self.hook_id)
+
+    def __repr__(self) -> str:
+        return f"<Hook {self.hook_id} token={self.token!r}>"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookRequest:
+    """An HTTP request received by a webhook."""
+
+    method: str
+    headers: dict[str, str]
+    body: bytes = b""
+    query: str = ""
+
+    def json(self) -> Any:
+        return json.loads(self.body or b"null")
+
+    def text(self) -> str:
+        return self.body.decode()
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "headers": dict(self.headers),
+            "body_b64": base64.b64encode(self.body).decode(),
+            "query": self.query,
+        }
+
+    @classmethod
+    def from_payload(cls, data: Mapping[str, Any]) -> WebhookRequest:
+        return cls(
+            method=str(data.get("method", "POST")),
+            headers=dict(data.get("headers", {})),
+            body=base64.b64decode(data.get("body_b64", "")),
+            query=str(data.get("query", "")),
+        )
+
+
+class Webhook(Hook[WebhookRequest]):
+    """A hook resumed over HTTP: ``POST {base_url}/webhooks/{token}``."""
+
+    def __init__(self, replay: Replay, hook_id: str, token: str, base_url: str | None) -> None:
+        super().__init__(replay, hook_id, token)
+        self._base_url = base_url
+
+    @property
+    def url(self) -> str:
+        if not self._base_url:
+            raise ConfigurationError("Workflows(base_url=...) is not set, so webhooks have no URL")
+        from urllib.parse import quote
+
+        return f"{self._base_url.rstrip('/')}/webhooks/{quote(self.token, safe='')}"
+
+    def wait(self) -> WebhookRequest:
+        value, self._consumed = self._replay.hook_next(self.hook_id, self._consumed)
+        return WebhookRequest.from_payload(value)
+
+
+# -- step API --------------------------------------------------------------------------------------------------------
+
+
+class StreamWriter:
+    """Writes values (JSON or bytes) to a run's named stream; each write is durable when it returns."""
+
+    def __init__(self, world: World, run_id: str, name: str) -> None:
+        self._world = world
+        self.run_id = run_id
+        self.name = name
+
+    def write(self, value: Any) -> int:
+        """Append ``value``; return the stream's length after it."""
+        return self._world.write_stream(self.run_id, self.name, [codec.dumps_chunk(value)])
+
+    def close(self) -> None:
+        """Close the stream: readers stop after the last chunk."""
+        self._world.close_stream(self.run_id, self.name)
+
+
+def get_writable(name: str = "default") -> StreamWriter:
+    ctx = _require_step("get_writable")
+    writer = ctx.writers.get(name)
+    if writer is None:
+        writer = ctx.writers[name] = StreamWriter(ctx.world, ctx.metadata.run_id, name)
+    return writer
+
+
+def step_metadata() -> StepMetadata:
+    return _require_step("step_metadata").metadata
+
+
+def enter_replay(replay: Replay) -> Any:
+    return _replay.set(replay)
+
+
+def exit_replay(token: Any) -> None:
+    _replay.reset(token)
+
+
+def enter_step(ctx: StepContext) -> Any:
+    return _step.set(ctx)
+
+
+def exit_step(token: Any) -> None:
+    _step.reset(token)
+
+
+def in_step() -> bool:
+    return _step.get() is not None

@@ -1,0 +1,326 @@
+"""Handling deliveries against a World: start a run, run a workflow delivery, run a step delivery, resume a hook.
+
+The :class:`Runtime` knows nothing of Celery: it reads and writes through the World protocol and asks a
+:class:`Dispatcher` (Celery's, in ``app.py``; a plain one in ``testing``) to build delivery messages.
+
+Crash safety: every state change is one World append that carries the deliveries it implies (a step's delivery
+with its creation, the workflow's wake-up with a step's result or a hook's payload), and the delivery being handled
+is acknowledged only after the handler returns. A crash anywhere leaves either the old state with the triggering
+delivery still queued, or the new state with its deliveries queued; redelivery replays from the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from celery_workflow import codec
+from celery_workflow.errors import (
+    EntityExists,
+    EntityTerminal,
+    EventInvalid,
+    NotFound,
+    ReplayDivergence,
+    RunTerminal,
+    StaleLog,
+    TooEarly,
+    WorldError,
+)
+from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
+from celery_workflow.ids import new_run_id, to_micros, utcnow
+from celery_workflow.runtime import steps
+from celery_workflow.runtime.context import WebhookRequest
+from celery_workflow.runtime.registry import Registry, StepDef
+from celery_workflow.runtime.replay import Outcome, Replay, Restart
+from celery_workflow.world import DEFAULT_QUEUE, Delivery, NewRun, World
+
+log = logging.getLogger("celery_workflow")
+
+MAX_RESTARTS = 100
+_RUN_ID = re.compile(r"^[A-Za-z0-9_\-.:@]{1,200}$")
+
+
+class Dispatcher(Protocol):
+    """Builds the delivery messages the World stores (opaque to it)."""
+
+    def workflow_delivery(
+        self, run_id: str, workflow_name: str, queue: str, *, not_before: datetime | None, idempotency_key: str
+    ) -> Delivery: ...
+
+    def step_delivery(
+        self, run_id: str, workflow_name: str, step_name: str, step_id: str, queue: str, *, not_before: datetime | None
+    ) -> Delivery: ...
+
+
+class _Stop(BaseException):
+    """The run ended under this delivery: nothing more to do."""
+
+
+class Runtime:
+    """Runs workflows and steps for one World and registry."""
+
+    def __init__(
+        self,
+        world: World,
+        registry: Registry,
+        dispatcher: Dispatcher,
+        *,
+        base_url: str | None = None,
+        routes: Mapping[str, str] | None = None,
+        default_queue: str = DEFAULT_QUEUE,
+        inline_budget: float = 30.0,
+        divergence_retries: int = 3,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.world = world
+        self.registry = registry
+        self.dispatcher = dispatcher
+        self.base_url = base_url
+        self.routes = dict(routes or {})
+        self.default_queue = default_queue
+        self.inline_budget = inline_budget
+        self.divergence_retries = divergence_retries
+        self.clock = clock
+
+    # -- queues ----------------------------------------------------------------------------------------------------
+
+    def queue_for(self, workflow_name: str) -> str:
+        if workflow_name in self.routes:
+            return self.routes[workflow_name]
+        wdef = self.registry.workflows.get(workflow_name)
+        return (wdef.queue if wdef else None) or self.default_queue
+
+    def _step_queue(self, run: RunView, sdef: StepDef) -> str:
+        return sdef.queue or run.queue or self.default_queue
+
+    def wake_delivery(self, run: RunView, *, not_before: datetime | None = None) -> Delivery:
+        key = "wake" if not_before is None else f"timer:{to_micros(not_before)}"
+        return self.dispatcher.workflow_delivery(
+            run.run_id, run.workflow_name, run.queue or self.default_queue, not_before=not_before, idempotency_key=key
+        )
+
+    # -- outside calls ---------------------------------------------------------------------------------------------
+
+    def start(
+        self, workflow_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], *, run_id: str | None = None
+    ) -> tuple[RunView, bool]:
+        """Create the run and its first delivery in one write. Idempotent by ``run_id``."""
+        wdef = self.registry.workflow(workflow_name)
+        if run_id is not None and not _RUN_ID.match(run_id):
+            raise EventInvalid(f"invalid run id {run_id!r}: 1-200 characters of letters, digits and _ - . : @")
+        rid = run_id or new_run_id()
+        data_input = wdef.signature.encode_args(args, kwargs)
+        queue = self.queue_for(workflow_name)
+        first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
+        return self.world.create_run(NewRun(rid, workflow_name, data_input, queue), [first])
+
+    def resume_hook(self, token: str, payload: Any) -> HookView:
+        """Deliver ``payload`` to the live hook owning ``token`` and wake its run. HookNotFound if none."""
+        hook = self.world.get_hook_by_token(token)
+        run = self.world.get_run(hook.run_id)
+        data = {"payload": codec.to_json(payload)}
+        self.world.append(
+            hook.run_id, [NewEvent(EventType.HOOK_RECEIVED, hook.hook_id, data)], deliveries=[self.wake_delivery(run)]
+        )
+        return hook
+
+    def resume_webhook(self, token: str, request: WebhookRequest) -> HookView:
+        return self.resume_hook(token, request.to_payload())
+
+    def cancel(self, run_id: str, reason: str | None = None) -> RunView:
+        """Write ``run_cancelled``: later deliveries do nothing. RunTerminal if the run already finished."""
+        data = {"reason": reason} if reason else {}
+        return self.world.append(run_id, [NewEvent(EventType.RUN_CANCELLED, None, data)]).run
+
+    # -- workflow deliveries ---------------------------------------------------------------------------------------
+
+    def handle_workflow(self, run_id: str, *, delivery_id: str, attempt: int = 1) -> str:
+        """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests)."""
+        started = time.monotonic()
+        for _ in range(MAX_RESTARTS):
+            try:
+                run = self.world.get_run(run_id)
+            except NotFound:
+                log.warning("delivery %s: run %s does not exist; dropping it", delivery_id, run_id)
+                return "missing"
+            if run.status.terminal:
+                return "ended"
+            wdef = self.registry.workflow(run.workflow_name)
+            if run.status is RunStatus.PENDING:
+                try:
+                    self.world.append(run_id, [NewEvent(EventType.RUN_STARTED)], expected_count=run.event_count)
+                except (StaleLog, RunTerminal):
+                    pass
+                continue
+            events = self.world.list_events(run_id)
+            effects = _WorkflowEffects(self, run, delivery_id, started)
+            replay = Replay(
+                run=run, wdef=wdef, registry=self.registry, effects=effects, events=events, base_url=self.base_url
+            )
+            effects.replay = replay
+            try:
+                outcome = replay.execute()
+                return self._finish(run, replay, outcome, attempt)
+            except Restart:
+                continue
+            except _Stop:
+                return "ended"
+        raise WorldError(f"run {run_id}: the event log kept moving under {MAX_RESTARTS} replays")
+
+    def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
+        if outcome.kind == "completed":
+            replay._write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})])
+            return "completed"
+        if outcome.kind == "failed":
+            replay._write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})])
+            return "failed"
+        if outcome.kind == "diverged":
+            message = str((outcome.error or {}).get("message", "replay divergence"))
+            if attempt <= self.divergence_retries:
+                raise ReplayDivergence(f"run {run.run_id}: {message} (attempt {attempt}, will retry)")
+            log.error("run %s diverged from its event log: %s", run.run_id, message)
+            replay._write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error, "code": "REPLAY_DIVERGENCE"})])
+            return "failed"
+        deliveries: list[Delivery] = []
+        if replay.open_waits:
+            deliveries.append(self.wake_delivery(run, not_before=min(replay.open_waits.values())))
+        if replay.pending:
+            written = replay._write([], deliveries)
+            if any(ev.event_type is EventType.HOOK_CONFLICT for ev in written):
+                raise Restart()  # replay again so the workflow sees the conflict
+        elif deliveries or replay.pending_deliveries:
+            self.world.enqueue([*replay.pending_deliveries, *deliveries])
+        return "suspended"
+
+    # -- step deliveries -------------------------------------------------------------------------------------------
+
+    def handle_step(self, run_id: str, step_id: str, *, delivery_id: str, attempt: int = 1) -> str:
+        """Run one attempt of a queued step, record its outcome, and wake the workflow (or schedule the retry)."""
+        try:
+            run = self.world.get_run(run_id)
+            step = self.world.get_step(run_id, step_id)
+        except NotFound:
+            log.warning("delivery %s: step %s of run %s does not exist; dropping it", delivery_id, step_id, run_id)
+            return "missing"
+        sdef = self.registry.step(step.step_name)
+        if step.status.terminal:
+            self.world.enqueue([self.wake_delivery(run)])
+            return "done"
+        if run.status.terminal:
+            return "ended"
+        if step.owner not in (None, delivery_id) and step.status.value == "running":
+            return "owned"
+        queue = self._step_queue(run, sdef)
+        try:
+            res = self.world.append(run_id, [NewEvent(EventType.STEP_STARTED, step_id, {"owner": delivery_id})])
+        except TooEarly as exc:
+            self.world.enqueue(
+                [
+                    self.dispatcher.step_delivery(
+                        run_id, run.workflow_name, sdef.name, step_id, queue, not_before=exc.retry_after
+                    )
+                ]
+            )
+            return "early"
+        except RunTerminal:
+            return "ended"
+        except EntityTerminal:
+            self.world.enqueue([self.wake_delivery(run)])
+            return "done"
+        started = res.events[-1]
+        n = int(started.data["attempt"])
+        if n > sdef.max_retries + 1:
+            error = {"type": "MaxRetriesExceeded", "message": f"step {sdef.name} started {n} times"}
+            return self._record_step(run, step_id, NewEvent(EventType.STEP_FAILED, step_id, {"error": error}))
+        outcome = steps.execute(
+            self.world,
+            sdef,
+            run_id=run_id,
+            workflow_name=run.workflow_name,
+            step_id=step_id,
+            data_input=step.input,
+            attempt=n,
+            started_at=started.created_at,
+        )
+        if outcome.ok:
+            return self._record_step(
+                run, step_id, NewEvent(EventType.STEP_COMPLETED, step_id, {"result": outcome.result})
+            )
+        if outcome.fatal or n >= sdef.max_retries + 1:
+            return self._record_step(run, step_id, NewEvent(EventType.STEP_FAILED, step_id, {"error": outcome.error}))
+        when = steps.retry_at(sdef, outcome, n, self.clock())
+        from celery_workflow.ids import isoformat
+
+        retry = NewEvent(EventType.STEP_RETRYING, step_id, {"error": outcome.error, "retry_after": isoformat(when)})
+        again = self.dispatcher.step_delivery(run_id, run.workflow_name, sdef.name, step_id, queue, not_before=when)
+        try:
+            self.world.append(run_id, [retry], deliveries=[again])
+        except RunTerminal:
+            return "ended"
+        except EntityTerminal:
+            return "done"
+        return "retrying"
+
+    def _record_step(self, run: RunView, step_id: str, event: NewEvent) -> str:
+        try:
+            self.world.append(run.run_id, [event], deliveries=[self.wake_delivery(run)])
+        except EntityTerminal:
+            self.world.enqueue([self.wake_delivery(run)])
+            return "duplicate"
+        return "completed" if event.event_type is EventType.STEP_COMPLETED else "failed"
+
+
+class _WorkflowEffects:
+    """The I/O of one replay: appends relative to what the replay has seen, step execution, the time budget."""
+
+    def __init__(self, runtime: Runtime, run: RunView, delivery_id: str, started: float) -> None:
+        self.runtime = runtime
+        self.run = run
+        self.delivery_id = delivery_id
+        self.started = started
+        self.replay: Replay | None = None
+
+    def append(self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool) -> list[Event]:
+        assert self.replay is not None
+        expected = self.replay.count if conditional else None
+        try:
+            return self.runtime.world.append(
+                self.run.run_id, events, expected_count=expected, deliveries=deliveries
+            ).events
+        except (StaleLog, EntityExists, EntityTerminal):
+            raise Restart() from None
+        except RunTerminal:
+            raise _Stop() from None
+
+    def wall_now(self) -> datetime:
+        return self.runtime.clock()
+
+    def inline_allowed(self) -> bool:
+        return time.monotonic() - self.started < self.runtime.inline_budget
+
+    def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery:
+        queue = self.runtime._step_queue(self.run, sdef)
+        return self.runtime.dispatcher.step_delivery(
+            self.run.run_id, self.run.workflow_name, sdef.name, step_id, queue, not_before=not_before
+        )
+
+    def execute_step(
+        self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
+    ) -> steps.StepOutcome:
+        return steps.execute(
+            self.runtime.world,
+            sdef,
+            run_id=self.run.run_id,
+            workflow_name=self.run.workflow_name,
+            step_id=step_id,
+            data_input=input,
+            attempt=attempt,
+            started_at=started_at,
+        )
+
+    def retry_at(self, sdef: StepDef, outcome: steps.StepOutcome, attempt: int) -> datetime:
+        return steps.retry_at(sdef, outcome, attempt, self.runtime.clock())

@@ -1,0 +1,380 @@
+"""Replay: run a workflow function from the top against its event log.
+
+Every step, sleep and hook call gets a deterministic correlation id from its call site: ``step:<name>:<n>`` (the
+n-th call of that step in this run), ``wait:<n>``, ``hook:<n>``. Entity creations in the log must be met in the same
+order by the code; the first mismatch (or a creation the code never reaches, or a step called with other arguments)
+is a divergence, reported instead of guessed at.
+
+When replay reaches a step with no result it runs it inline (the fast path: ``step_created`` + ``step_started`` in
+one conditional append, the body, then ``step_completed``) unless the step must be its own delivery: it was started
+as a future, it declares another queue, it must wait for a retry, or the delivery is past its time budget. A call
+that cannot finish now raises :class:`Suspend` (a ``BaseException``, so user ``except Exception`` blocks cannot
+swallow it); the handler then writes the pending creations and deliveries in one append.
+
+This module does no I/O of its own: every read and write goes through the :class:`Effects` the handler passes in.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from random import Random
+from typing import Any, Literal, Protocol
+
+from celery_workflow import codec
+from celery_workflow.errors import HookConflict, PayloadError, StepFailed
+from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunView
+from celery_workflow.ids import isoformat, parse_iso
+from celery_workflow.runtime import context
+from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
+from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
+from celery_workflow.runtime.steps import StepOutcome, error_info
+from celery_workflow.world import Delivery
+
+
+class Suspend(BaseException):
+    """Unwinds the workflow function: the run waits for something not in the log yet."""
+
+
+class Restart(BaseException):
+    """The log moved under this replay (another writer appended): reload it and replay from the top."""
+
+
+class _Diverged(BaseException):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Effects(Protocol):
+    """The I/O a replay needs, provided by the delivery handler."""
+
+    delivery_id: str
+
+    def append(self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool) -> list[Event]:
+        """Append at the replay's event count (``conditional``: raise Restart if it moved) or at the next slot."""
+        ...
+
+    def wall_now(self) -> datetime: ...
+
+    def inline_allowed(self) -> bool: ...
+
+    def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery: ...
+
+    def execute_step(
+        self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
+    ) -> StepOutcome: ...
+
+    def retry_at(self, sdef: StepDef, outcome: StepOutcome, attempt: int) -> datetime: ...
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: Literal["completed", "failed", "suspended", "diverged"]
+    output: Any = None
+    error: Mapping[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _InlineNew:
+    sdef: StepDef
+    created: NewEvent
+
+
+@dataclass(slots=True)
+class Replay:
+    run: RunView
+    wdef: WorkflowDef
+    registry: Registry
+    effects: Effects
+    events: list[Event]
+    base_url: str | None = None
+    # derived state
+    by_cid: dict[str, list[Event]] = field(default_factory=dict)
+    creations: list[Event] = field(default_factory=list)
+    cursor: int = 0
+    count: int = 0
+    clock: datetime = field(init=False)
+    rng: Random = field(init=False)
+    counters: dict[str, int] = field(default_factory=dict)
+    pending: list[NewEvent] = field(default_factory=list)
+    pending_deliveries: list[Delivery] = field(default_factory=list)
+    inline_new: dict[str, _InlineNew] = field(default_factory=dict)
+    open_waits: dict[str, datetime] = field(default_factory=dict)
+    metadata: WorkflowMetadata = field(init=False)
+
+    def __post_init__(self) -> None:
+        started = self.run.started_at or self.run.created_at
+        self.clock = started
+        self.rng = Random(self.run.run_id)
+        self.metadata = WorkflowMetadata(self.run.run_id, self.run.workflow_name, started, self.base_url)
+        loaded, self.events = self.events, []
+        self.count = 0
+        self._absorb(loaded, written_by_us=False)
+
+    # -- log bookkeeping -------------------------------------------------------------------------------------------
+
+    def _absorb(self, new: Sequence[Event], *, written_by_us: bool = True) -> None:
+        for ev in new:
+            if ev.slot != self.count + 1:
+                raise Restart()
+            self.count = ev.slot
+            self.events.append(ev)
+            if ev.correlation_id is not None:
+                self.by_cid.setdefault(ev.correlation_id, []).append(ev)
+            if ev.event_type in CREATION_EVENTS:
+                self.creations.append(ev)
+                if written_by_us:
+                    self.cursor = len(self.creations)
+
+    def _advance(self, ev: Event) -> None:
+        self.clock = max(self.clock, ev.created_at)
+
+    def _next_id(self, prefix: str) -> str:
+        n = self.counters.get(prefix, 0) + 1
+        self.counters[prefix] = n
+        return f"{prefix}:{n}"
+
+    def _match(self, cid: str) -> Event | None:
+        """The log's creation event for ``cid`` if the log has reached it, checking the order; None if new."""
+        if self.cursor < len(self.creations):
+            ev = self.creations[self.cursor]
+            if ev.correlation_id != cid:
+                raise _Diverged(
+                    f"the event log has {ev.event_type} {ev.correlation_id!r} at slot {ev.slot},"
+                    f" but the workflow code now calls {cid!r} there"
+                )
+            self.cursor += 1
+            return ev
+        return None
+
+    def _of(self, cid: str, kind: EventType) -> list[Event]:
+        return [e for e in self.by_cid.get(cid, ()) if e.event_type is kind]
+
+    def _write(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
+        """Write pending creations + ``extra`` conditionally on the count this replay has seen."""
+        batch = [*self.pending, *extra]
+        dels = [*self.pending_deliveries, *deliveries]
+        written = self.effects.append(batch, dels, conditional=True)
+        self.pending.clear()
+        self.pending_deliveries.clear()
+        self._absorb(written)
+        return written
+
+    def _write_now(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
+        """Write at the next slot whatever the count (terminal step events: protected by the one-terminal rule)."""
+        written = self.effects.append(list(extra), list(deliveries), conditional=False)
+        self._absorb(written)
+        return written
+
+    # -- running ---------------------------------------------------------------------------------------------------
+
+    def execute(self) -> Outcome:
+        token = context.enter_replay(self)
+        try:
+            try:
+                args, kwargs = self.wdef.signature.decode_args(self.run.input)
+                value = self.wdef.func(*args, **kwargs)
+            except Suspend:
+                self._check_consumed()
+                return Outcome("suspended")
+            except _Diverged as exc:
+                return Outcome("diverged", error={"type": "ReplayDivergence", "message": exc.message})
+            except Exception as exc:
+                self._check_consumed()
+                return Outcome("failed", error=error_info(exc))
+            self._check_consumed()
+            try:
+                output = codec.to_json(value)
+            except PayloadError as exc:
+                return Outcome("failed", error=error_info(exc))
+            return Outcome("completed", output=output)
+        except _Diverged as exc:
+            return Outcome("diverged", error={"type": "ReplayDivergence", "message": exc.message})
+        finally:
+            context.exit_replay(token)
+
+    def _check_consumed(self) -> None:
+        if self.cursor < len(self.creations):
+            ev = self.creations[self.cursor]
+            raise _Diverged(
+                f"the event log has {ev.event_type} {ev.correlation_id!r} at slot {ev.slot},"
+                " which the workflow code no longer reaches"
+            )
+
+    # -- steps -----------------------------------------------------------------------------------------------------
+
+    def start_step(
+        self, sdef: StepDef, args: Sequence[Any], kwargs: Mapping[str, Any], *, inline: bool
+    ) -> StepFuture[Any]:
+        cid = self._next_id(f"step:{sdef.name}")
+        data_input = sdef.signature.encode_args(args, kwargs)
+        ev = self._match(cid)
+        if ev is None:
+            queued = (
+                not inline
+                or (sdef.queue is not None and sdef.queue != self.run.queue)
+                or not self.effects.inline_allowed()
+            )
+            data = {"step_name": sdef.name, "input": data_input, "mode": "queued" if queued else "inline"}
+            created = NewEvent(EventType.STEP_CREATED, cid, data)
+            if queued:
+                self.pending.append(created)
+                self.pending_deliveries.append(self.effects.step_delivery(sdef, cid, None))
+            else:
+                self.inline_new[cid] = _InlineNew(sdef, created)
+        else:
+            if ev.event_type is not EventType.STEP_CREATED or ev.data.get("step_name") != sdef.name:
+                raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not the creation of step {sdef.name}")
+            if ev.data.get("input") != data_input:
+                raise _Diverged(
+                    f"step {cid!r} is called with other arguments than the event log records (slot {ev.slot});"
+                    " pass values from now()/random()/uuid4() or step results instead of nondeterministic ones"
+                )
+        return StepFuture(self, cid, sdef.signature.returns)
+
+    def step_done(self, cid: str) -> bool:
+        return bool(self._of(cid, EventType.STEP_COMPLETED) or self._of(cid, EventType.STEP_FAILED))
+
+    def step_result(self, cid: str, hint: Any) -> Any:
+        done = self._terminal(cid)
+        if done is not None:
+            return self._consume_terminal(done, hint)
+        new = self.inline_new.pop(cid, None)
+        if new is not None:
+            return self._run_inline(cid, new.sdef, new.created.data["input"], [new.created], hint)
+        events = self.by_cid.get(cid, [])
+        created = events[0] if events else None
+        if created is None or created.event_type is not EventType.STEP_CREATED:
+            raise Suspend()  # created in this replay as a queued step: its delivery is pending
+        if created.data.get("mode") != "inline":
+            raise Suspend()  # its own delivery runs it and then wakes the run
+        last = events[-1]
+        if last.event_type is EventType.STEP_RETRYING:
+            raise Suspend()  # handed to a delayed step delivery
+        if last.event_type is EventType.STEP_STARTED and last.data.get("owner") != self.effects.delivery_id:
+            raise Suspend()  # another delivery runs it; if that one dies, its redelivery resumes the step
+        sdef = self.registry.step(str(created.data["step_name"]))
+        return self._run_inline(cid, sdef, created.data["input"], [], hint)
+
+    def _terminal(self, cid: str) -> Event | None:
+        for ev in self.by_cid.get(cid, ()):
+            if ev.event_type in (EventType.STEP_COMPLETED, EventType.STEP_FAILED):
+                return ev
+        return None
+
+    def _consume_terminal(self, ev: Event, hint: Any) -> Any:
+        self._advance(ev)
+        if ev.event_type is EventType.STEP_COMPLETED:
+            return codec.from_json(ev.data["result"], hint)
+        created = self.by_cid[str(ev.correlation_id)][0]
+        raise StepFailed(
+            step_id=str(ev.correlation_id),
+            step_name=str(created.data.get("step_name", "")),
+            error=dict(ev.data["error"]),
+        )
+
+    def _run_inline(self, cid: str, sdef: StepDef, data_input: Any, create: list[NewEvent], hint: Any) -> Any:
+        started_ev = NewEvent(EventType.STEP_STARTED, cid, {"owner": self.effects.delivery_id})
+        written = self._write([*create, started_ev])
+        started = written[-1]
+        attempt = int(started.data["attempt"])
+        if attempt > sdef.max_retries + 1:
+            error = {
+                "type": "MaxRetriesExceeded",
+                "message": f"step {sdef.name} started {attempt} times; it has at most {sdef.max_retries} retries",
+            }
+            done = self._write_now([NewEvent(EventType.STEP_FAILED, cid, {"error": error})])
+            return self._consume_terminal(done[-1], hint)
+        outcome = self.effects.execute_step(sdef, cid, data_input, attempt, started.created_at)
+        if outcome.ok:
+            done = self._write_now([NewEvent(EventType.STEP_COMPLETED, cid, {"result": outcome.result})])
+            return self._consume_terminal(done[-1], hint)
+        if outcome.fatal or attempt >= sdef.max_retries + 1:
+            done = self._write_now([NewEvent(EventType.STEP_FAILED, cid, {"error": outcome.error})])
+            return self._consume_terminal(done[-1], hint)
+        when = self.effects.retry_at(sdef, outcome, attempt)
+        retry = NewEvent(EventType.STEP_RETRYING, cid, {"error": outcome.error, "retry_after": isoformat(when)})
+        self._write_now([retry], [self.effects.step_delivery(sdef, cid, when)])
+        raise Suspend()
+
+    # -- sleeps ----------------------------------------------------------------------------------------------------
+
+    def sleep(self, seconds: float) -> None:
+        cid = self._next_id("wait")
+        ev = self._match(cid)
+        if ev is None:
+            resume_at = self.clock + timedelta(seconds=max(0.0, seconds))
+            created = NewEvent(EventType.WAIT_CREATED, cid, {"resume_at": isoformat(resume_at)})
+            if resume_at <= self.effects.wall_now():
+                written = self._write([created, NewEvent(EventType.WAIT_COMPLETED, cid)])
+                self._advance(written[-1])
+                return
+            self.pending.append(created)
+            self.open_waits[cid] = resume_at
+            raise Suspend()
+        if ev.event_type is not EventType.WAIT_CREATED:
+            raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a sleep")
+        completed = self._of(cid, EventType.WAIT_COMPLETED)
+        if completed:
+            self._advance(completed[0])
+            return
+        resume_at = parse_iso(str(ev.data["resume_at"]))
+        if resume_at <= self.effects.wall_now():
+            written = self._write([NewEvent(EventType.WAIT_COMPLETED, cid)])
+            self._advance(written[-1])
+            return
+        self.open_waits[cid] = resume_at
+        raise Suspend()
+
+    # -- hooks -----------------------------------------------------------------------------------------------------
+
+    def create_hook(self, *, token: str | None, metadata: Any, payload_type: Any) -> Hook[Any]:
+        cid, tok = self._hook(token, metadata, is_webhook=False, respond_with=None)
+        return Hook(self, cid, tok, payload_type)
+
+    def create_webhook(self, *, token: str | None, respond_with: Mapping[str, Any] | None) -> Webhook:
+        cid, tok = self._hook(token, None, is_webhook=True, respond_with=respond_with)
+        return Webhook(self, cid, tok, self.base_url)
+
+    def _hook(self, token: str | None, metadata: Any, *, is_webhook: bool, respond_with: Any) -> tuple[str, str]:
+        cid = self._next_id("hook")
+        ev = self._match(cid)
+        if ev is None:
+            tok = token if token is not None else secrets.token_urlsafe(18)
+            data: dict[str, Any] = {"token": tok, "metadata": codec.to_json(metadata), "is_webhook": is_webhook}
+            if respond_with is not None:
+                data["respond_with"] = codec.to_json(respond_with)
+            self.pending.append(NewEvent(EventType.HOOK_CREATED, cid, data))
+            return cid, tok
+        if ev.event_type not in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
+            raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a hook")
+        tok = str(ev.data["token"])
+        if token is not None and token != tok:
+            raise _Diverged(f"hook {cid!r} was created with token {tok!r}, the code now asks for {token!r}")
+        return cid, tok
+
+    def hook_next(self, cid: str, consumed: int) -> tuple[Any, int]:
+        conflict = self._of(cid, EventType.HOOK_CONFLICT)
+        if conflict:
+            data = conflict[0].data
+            raise HookConflict(token=str(data["token"]), conflicting_run_id=data.get("conflicting_run_id"))
+        received = self._of(cid, EventType.HOOK_RECEIVED)
+        if consumed < len(received):
+            ev = received[consumed]
+            self._advance(ev)
+            return ev.data["payload"], consumed + 1
+        raise Suspend()
+
+    def hook_dispose(self, cid: str) -> None:
+        if self._of(cid, EventType.HOOK_DISPOSED) or self._of(cid, EventType.HOOK_CONFLICT):
+            return
+        for i, ev in enumerate(self.pending):
+            if ev.correlation_id == cid and ev.event_type is EventType.HOOK_CREATED:
+                del self.pending[i]  # never written: nothing to release
+                return
+        if any(ev.correlation_id == cid for ev in self.pending):
+            return
+        self.pending.append(NewEvent(EventType.HOOK_DISPOSED, cid))

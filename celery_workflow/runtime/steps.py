@@ -1,0 +1,84 @@
+"""Running a step body: its context, its outcome, and the retry policy. Shared by inline and queued steps."""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery_workflow import codec
+from celery_workflow.errors import FatalError, PayloadError, RetryableError
+from celery_workflow.runtime import context
+from celery_workflow.runtime.context import StepContext, StepMetadata
+from celery_workflow.runtime.registry import StepDef
+from celery_workflow.world import World
+
+MAX_BACKOFF = 300.0
+_TRACEBACK_LIMIT = 8_000
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    ok: bool
+    result: Any = None
+    error: dict[str, Any] | None = None
+    fatal: bool = False
+    retry_after: float | timedelta | datetime | None = None
+
+
+def error_info(exc: BaseException) -> dict[str, Any]:
+    """A JSON description of an exception: its type, message and (trimmed) traceback."""
+    kind = type(exc)
+    name = (
+        kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    tb = "".join(traceback.format_exception(exc))
+    return {"type": name, "message": str(exc), "traceback": tb[-_TRACEBACK_LIMIT:]}
+
+
+def execute(
+    world: World,
+    sdef: StepDef,
+    *,
+    run_id: str,
+    workflow_name: str,
+    step_id: str,
+    data_input: Any,
+    attempt: int,
+    started_at: datetime,
+) -> StepOutcome:
+    """Run the step body once in a step context. User exceptions become outcomes; BaseExceptions propagate."""
+    try:
+        args, kwargs = sdef.signature.decode_args(data_input)
+    except PayloadError as exc:
+        return StepOutcome(ok=False, error=error_info(exc), fatal=True)
+    meta = StepMetadata(step_id, sdef.name, attempt, run_id, workflow_name, started_at)
+    token = context.enter_step(StepContext(world=world, metadata=meta))
+    try:
+        value = sdef.func(*args, **kwargs)
+        result = codec.to_json(value)
+    except FatalError as exc:
+        return StepOutcome(ok=False, error=error_info(exc), fatal=True)
+    except RetryableError as exc:
+        return StepOutcome(ok=False, error=error_info(exc), retry_after=exc.retry_after)
+    except PayloadError as exc:
+        return StepOutcome(ok=False, error=error_info(exc), fatal=True)
+    except Exception as exc:
+        return StepOutcome(ok=False, error=error_info(exc))
+    finally:
+        context.exit_step(token)
+    return StepOutcome(ok=True, result=result)
+
+
+def retry_at(sdef: StepDef, outcome: StepOutcome, attempt: int, now: datetime) -> datetime:
+    """When a failed attempt runs again: the error's ``retry_after``, else capped exponential backoff."""
+    after = outcome.retry_after
+    if isinstance(after, datetime):
+        return max(after, now)
+    if isinstance(after, timedelta):
+        return now + max(after, timedelta(0))
+    if isinstance(after, (int, float)):
+        return now + timedelta(seconds=max(0.0, float(after)))
+    delay = min(MAX_BACKOFF, sdef.retry_backoff * (2 ** max(0, attempt - 1)))
+    return now + timedelta(seconds=delay)

@@ -1,0 +1,222 @@
+"""Workflows on real `celery -A wfapp worker` processes, on the embedded SQLite World and transport.
+
+One worker serves the default queue for most tests; tests that need a worker of their own (one slot, a kill,
+routing) use a queue only their worker consumes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from celery_workflow import RunCancelled, WorkflowFailed
+from celery_workflow.events import EventType
+
+from .workers import APPS, Worker
+
+pytestmark = pytest.mark.acceptance
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("wf")
+    markers = base / "markers"
+    markers.mkdir()
+    return {"CELERY_WORKFLOW_URL": f"sqlite:///{base / 'world.sqlite3'}", "CW_MARKERS": str(markers), "CW_LEASE": "60"}
+
+
+@pytest.fixture(scope="module")
+def app(env: dict[str, str]) -> Iterator[ModuleType]:
+    """The wfapp module imported in the test process (the client side), bound to this module's World."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    sys.path.insert(0, str(APPS))
+    sys.modules.pop("wfapp", None)
+    module = importlib.import_module("wfapp")
+    yield module
+    sys.modules.pop("wfapp", None)
+    sys.path.remove(str(APPS))
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def start_worker(env: dict[str, str], log: Path, *args: str, **extra: str) -> Worker:
+    worker = Worker("wfapp", {**env, **extra}, log, args)
+    worker.wait_ready()
+    return worker
+
+
+@pytest.fixture(scope="module")
+def worker(app: ModuleType, env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    w = start_worker(env, tmp_path_factory.mktemp("logs") / "main-worker.log", "-c", "2", "-Q", "celery", "-n", "main@%h")
+    yield w
+    w.stop()
+
+
+def markers(env: dict[str, str]) -> Path:
+    return Path(env["CW_MARKERS"])
+
+
+def wait_for(predicate: object, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def event_counts(run: object) -> Counter[str]:
+    return Counter(e.event_type.value for e in run.events())  # type: ignore[attr-defined]
+
+
+def test_sequential_steps(app: ModuleType, worker: Worker) -> None:
+    run = app.sequential.start(5)
+    assert run.result(timeout=30) == 10
+    assert event_counts(run)["step_completed"] == 5
+
+
+def test_retries(app: ModuleType, worker: Worker) -> None:
+    run = app.retrying.start(2)
+    assert run.result(timeout=30) == 3
+    assert event_counts(run)["step_retrying"] == 2
+
+
+def test_fatal_error_caught_in_the_workflow(app: ModuleType, worker: Worker) -> None:
+    run = app.catches_fatal.start()
+    assert run.result(timeout=30) == "caught: card declined"
+    assert run.steps()[0].attempt == 1
+
+
+def test_failed_run(app: ModuleType, worker: Worker) -> None:
+    run = app.fails.start()
+    with pytest.raises(WorkflowFailed, match="broken step"):
+        run.result(timeout=30)
+    assert run.status == "failed"
+
+
+def test_hook_resumed_from_another_process(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
+    run = app.waits_for_hook.start("hook-from-outside")
+    wait_for(lambda: app.wf.world.list_hooks(run.id), what="the hook")
+    code = "import wfapp; wfapp.wf.resume_hook('hook-from-outside', {'approved': True})"
+    subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env, "PYTHONPATH": str(APPS)},
+        check=True,
+        timeout=60,
+    )
+    assert run.result(timeout=30) == {"approved": True}
+
+
+def test_parallel_steps(app: ModuleType, worker: Worker) -> None:
+    run = app.parallel.start()
+    assert run.result(timeout=60) == ["left", "right"]
+
+
+def test_stream_is_read_while_it_is_written(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
+    run = app.streaming.start(4)
+    seen = []
+    for value in run.stream("ticks", timeout=60):
+        seen.append(value)
+        (markers(env) / f"tick-{value['tick']}-read").touch()  # the step waits for this before writing more
+    assert seen == [{"tick": i} for i in range(4)]
+    run.result(timeout=30)
+
+
+def test_cancel(app: ModuleType, worker: Worker) -> None:
+    run = app.waits_for_hook.start("to-cancel")
+    wait_for(lambda: app.wf.world.list_hooks(run.id), what="the hook")
+    run.cancel()
+    with pytest.raises(RunCancelled):
+        run.result(timeout=10)
+    assert not app.wf.world.list_hooks(run.id)
+
+
+def test_idempotent_start(app: ModuleType, worker: Worker) -> None:
+    first = app.sequential.start(3, run_id="acceptance-idempotent")
+    second = app.sequential.start(3, run_id="acceptance-idempotent")
+    assert first.id == second.id
+    assert first.result(timeout=30) == 3
+    third = app.sequential.start(3, run_id="acceptance-idempotent")
+    assert third.result(timeout=5) == 3
+    assert event_counts(first)["run_created"] == 1
+
+
+def test_plain_celery_task(app: ModuleType, worker: Worker, tmp_path: Path) -> None:
+    target = tmp_path / "plain.txt"
+    app.celery_app.send_task("wfapp.plain", args=[str(target), "hello"])
+    wait_for(target.exists, what="the plain task")
+    assert target.read_text() == "hello"
+
+
+def test_celery_inspect_ping(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "wfapp", "inspect", "ping", "--timeout", "10"],
+        cwd=APPS,
+        env={**os.environ, **env, "PYTHONPATH": str(APPS)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "pong" in out.stdout, out.stdout + out.stderr
+
+
+def test_sleep_does_not_hold_the_only_slot(app: ModuleType, env: dict[str, str], tmp_path: Path) -> None:
+    solo = start_worker(env, tmp_path / "solo.log", "-c", "1", "-Q", "backfill", "-n", "solo@%h")
+    try:
+        app.wf.route("sleeper", "backfill")  # later runs of sleeper go to the one-slot worker's queue
+        sleeping = app.sleeper.start(4.0)
+        wait_for(lambda: app.wf.world.list_waits(sleeping.id), what="the sleep to start")
+        quick = app.backfill.start(41)  # routed to backfill too: needs the same (only) slot
+        assert quick.result(timeout=30) == 42
+        assert sleeping.status == "running"  # still asleep, yet the slot was free
+        assert sleeping.result(timeout=30) == "woke"
+    finally:
+        app.wf.routes.pop("sleeper", None)
+        solo.stop()
+
+
+def test_routed_workflow_is_left_alone_by_other_queues(app: ModuleType, worker: Worker, env: dict[str, str], tmp_path: Path) -> None:
+    run = app.backfill.start(1)
+    probe = app.sequential.start(2)  # the default-queue worker is alive and working …
+    assert probe.result(timeout=30) == 1
+    assert run.status == "pending"  # … but never touches the backfill queue
+    backfill = start_worker(env, tmp_path / "backfill.log", "-c", "1", "-Q", "backfill", "-n", "backfill@%h")
+    try:
+        assert run.result(timeout=30) == 2
+    finally:
+        backfill.stop()
+
+
+def test_worker_killed_mid_step_is_recovered_by_another(app: ModuleType, env: dict[str, str], tmp_path: Path) -> None:
+    short = {"CW_LEASE": "3"}
+    app.wf.route("killable", "backfill")
+    try:
+        first = start_worker(env, tmp_path / "first.log", "-c", "1", "-Q", "backfill", "-n", "first@%h", **short)
+        run = app.killable.start("k1")
+        wait_for((markers(env) / "slow-k1-started-1").exists, what="the step to start")
+        first.kill()
+        second = start_worker(env, tmp_path / "second.log", "-c", "1", "-Q", "backfill", "-n", "second@%h", **short)
+        try:
+            wait_for((markers(env) / "slow-k1-started-2").exists, timeout=60, what="the step to run again")
+            (markers(env) / "slow-k1-release").touch()
+            assert run.result(timeout=30) == "k1@2"
+        finally:
+            second.stop()
+    finally:
+        app.wf.routes.pop("killable", None)
+    events = run.events()
+    assert Counter(e.event_type for e in events)[EventType.STEP_COMPLETED] == 1
+    assert [e.slot for e in events] == list(range(1, len(events) + 1))
+    assert run.steps()[0].attempt == 2

@@ -1,0 +1,53 @@
+"""Starting and stopping real Celery worker processes for acceptance tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+APPS = Path(__file__).parent / "apps"
+
+
+class Worker:
+    """A `celery -A <app> worker` subprocess in its own process group."""
+
+    def __init__(self, app: str, env: dict[str, str], log: Path, args: Sequence[str] = ()) -> None:
+        self.log = log
+        self._log_file = log.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", app, "worker", "--loglevel=INFO", "--without-heartbeat", *args],
+            cwd=APPS,
+            env={**os.environ, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env},
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while b"ready." not in self.log.read_bytes():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the main process and its pool children."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._log_file.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                return
+        self._log_file.close()
