@@ -15,7 +15,7 @@ celery_app = Celery("celery_workflow_demo")
 wf = Workflows(celery_app)
 
 ITEMS = ["kettle", "teapot", "mugs"]
-STAGES = 4 + len(ITEMS)  # what the progress stream counts up to
+STAGES = 3 + len(ITEMS)  # what the progress stream counts up to: fetch, charge, each item, ship
 
 
 def progress(stage: str) -> None:

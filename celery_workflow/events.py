@@ -227,7 +227,9 @@ class Snapshot:
     """What the World read, under the run's lock, before planning.
 
     ``steps``/``hooks``/``waits`` hold at least the rows of this run named by :func:`keys_of`; ``token_owners`` maps
-    each token of :attr:`Keys.tokens` that a live hook (of any run) owns to that hook.
+    each token of :attr:`Keys.tokens` that a live hook (of any run) owns to that hook; ``created_hooks`` holds those
+    of :attr:`Keys.hooks` that already have a ``hook_created`` or ``hook_conflict`` event (live or not), so a hook id
+    is created once per run even after its hook was disposed.
     """
 
     run: RunView | None
@@ -235,6 +237,7 @@ class Snapshot:
     hooks: dict[str, HookView] = field(default_factory=dict)
     waits: dict[str, WaitView] = field(default_factory=dict)
     token_owners: dict[str, HookView] = field(default_factory=dict)
+    created_hooks: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -314,6 +317,8 @@ _REQUIRED: dict[EventType, tuple[str, ...]] = {
 
 def new_run(run_id: str, data: Mapping[str, Any], now: datetime) -> tuple[RunView, Event]:
     """The view and slot-1 event of a new run (``data`` is ``run_created``'s data)."""
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200 or not run_id.isprintable():
+        raise EventInvalid(f"invalid run id {run_id!r}: 1-200 printable characters")
     validate(NewEvent(EventType.RUN_CREATED, None, data))
     view = RunView(
         run_id=run_id,
@@ -361,6 +366,7 @@ class _State:
         self.hooks = dict(snapshot.hooks)
         self.waits = dict(snapshot.waits)
         self.token_owners = dict(snapshot.token_owners)
+        self.created_hooks = set(snapshot.created_hooks)
         self.plan = Plan(events=[], run=snapshot.run)
 
     @property
@@ -522,8 +528,9 @@ class _State:
         if kind is EventType.HOOK_CREATED:
             if run.status.terminal:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create hook {hid}")
-            if hook is not None:
+            if hook is not None or hid in self.created_hooks:
                 raise EntityExists(f"hook {hid} already exists")
+            self.created_hooks.add(hid)
             token = str(ev.data["token"])
             owner = self.token_owners.get(token)
             if owner is not None:

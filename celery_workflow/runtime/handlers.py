@@ -70,7 +70,7 @@ class Runtime:
         dispatcher: Dispatcher,
         *,
         base_url: str | None = None,
-        routes: Mapping[str, str] | None = None,
+        routes: dict[str, str] | None = None,
         default_queue: str = DEFAULT_QUEUE,
         inline_budget: float = 30.0,
         divergence_retries: int = 3,
@@ -80,7 +80,7 @@ class Runtime:
         self.registry = registry
         self.dispatcher = dispatcher
         self.base_url = base_url
-        self.routes = dict(routes or {})
+        self.routes = routes if routes is not None else {}  # shared with Workflows.route()
         self.default_queue = default_queue
         self.inline_budget = inline_budget
         self.divergence_retries = divergence_retries

@@ -162,7 +162,7 @@ def test_plain_celery_task(app: ModuleType, worker: Worker, tmp_path: Path) -> N
 
 def test_celery_inspect_ping(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "wfapp", "inspect", "ping", "--timeout", "10"],
+        [sys.executable, "-m", "celery", "-A", "wfapp", "inspect", "ping", "--timeout", "5"],
         cwd=APPS,
         env={**os.environ, **env, "PYTHONPATH": str(APPS)},
         capture_output=True,
@@ -177,6 +177,7 @@ def test_sleep_does_not_hold_the_only_slot(app: ModuleType, env: dict[str, str],
     try:
         app.wf.route("sleeper", "backfill")  # later runs of sleeper go to the one-slot worker's queue
         sleeping = app.sleeper.start(4.0)
+        assert sleeping.view().queue == "backfill"
         wait_for(lambda: app.wf.world.list_waits(sleeping.id), what="the sleep to start")
         quick = app.backfill.start(41)  # routed to backfill too: needs the same (only) slot
         assert quick.result(timeout=30) == 42
@@ -205,6 +206,7 @@ def test_worker_killed_mid_step_is_recovered_by_another(app: ModuleType, env: di
     try:
         first = start_worker(env, tmp_path / "first.log", "-c", "1", "-Q", "backfill", "-n", "first@%h", **short)
         run = app.killable.start("k1")
+        assert run.view().queue == "backfill"
         wait_for((markers(env) / "slow-k1-started-1").exists, what="the step to start")
         first.kill()
         second = start_worker(env, tmp_path / "second.log", "-c", "1", "-Q", "backfill", "-n", "second@%h", **short)

@@ -494,3 +494,34 @@ def test_steps_on_another_queue_are_queued_there(wf: Workflows) -> None:
     LocalWorker(wf, ["gpu"]).run_until_idle()
     orders.run_until_complete(run)
     assert run.result() == "done"
+
+
+def test_routes_added_after_construction_apply_to_new_runs(wf: Workflows) -> None:
+    @wf.workflow
+    def later_routed() -> None:
+        return None
+
+    before = later_routed.start()
+    wf.route("later_routed", "backfill")
+    after = later_routed.start()
+    assert before.view().queue == "celery"
+    assert after.view().queue == "backfill"
+
+
+def test_a_route_to_an_unknown_queue_is_refused(wf: Workflows) -> None:
+    from celery import Celery
+
+    from celery_workflow import ConfigurationError
+    from celery_workflow.testing import MemoryWorld
+
+    strict = Workflows(Celery("strict"), world=MemoryWorld(), configure_broker=False, queues=["celery", "orders"])
+    with pytest.raises(ConfigurationError, match="unknown queue 'nowhere'"):
+        strict.route("x", "nowhere")
+    with pytest.raises(ConfigurationError, match="unknown queue"):
+
+        @strict.workflow(queue="nowhere")
+        def misrouted() -> None:
+            return None
+
+    strict.route("x", "orders")
+    assert strict.routes == {"x": "orders"}
