@@ -1,0 +1,76 @@
+"""The World conformance suite: method-level tests every World passes.
+
+A World runs the suite by subclassing :class:`WorldConformance` in a test module and providing a ``world`` fixture
+that yields a fresh World per test (kombu's ``t/integration/common.py`` style)::
+
+    import pytest
+    from celery_workflow.testing.conformance import WorldConformance
+    from celery_workflow.world_sqlite import SQLiteWorld
+
+    class TestSQLiteWorld(WorldConformance):
+        @pytest.fixture
+        def world(self, tmp_path):
+            w = SQLiteWorld(tmp_path / "world.db")
+            yield w
+            w.close()
+
+The base classes carry no ``Test`` prefix, so pytest collects only the subclasses. The suite waits on conditions with
+deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fast. What it pins down:
+
+* storage (:class:`StorageConformance`): ``create_run`` at slot 1, idempotent by run id, atomic with its deliveries;
+  appends at contiguous slots, all or nothing (a rejected batch writes no event, view or delivery), ``expected_count``;
+  views and listings (newest-first runs with filters and cursor paging; steps, hooks and waits in creation order);
+* the rules of :mod:`celery_workflow.events` observed through the World (:class:`RunRulesConformance`,
+  :class:`StepRulesConformance`, :class:`HookRulesConformance`, :class:`WaitRulesConformance`);
+* the queue (:class:`QueueConformance`): due times, leases, stale receipts, idempotency keys, queue names;
+* streams, blocking waits and concurrent writers (:class:`StreamConformance`, :class:`WaitForTerminalConformance`,
+  :class:`ConcurrencyConformance`).
+
+Behaviour the suite fixes where :mod:`celery_workflow.world` leaves room: ack/release/retry_later/extend with a stale
+or unknown receipt do nothing; per-run listings of an unknown run raise :class:`~celery_workflow.errors.RunNotFound`;
+a no-op append (a repeated ``run_started`` or ``run_cancelled``) still stores its deliveries; ``StreamPage.closed`` is
+true when the stream is closed and the page reaches its last chunk.
+"""
+
+from __future__ import annotations
+
+from celery_workflow.testing.conformance_concurrency import (
+    ConcurrencyConformance,
+    StreamConformance,
+    WaitForTerminalConformance,
+)
+from celery_workflow.testing.conformance_queue import QueueConformance
+from celery_workflow.testing.conformance_rules import (
+    HookRulesConformance,
+    RunRulesConformance,
+    StepRulesConformance,
+    WaitRulesConformance,
+)
+from celery_workflow.testing.conformance_storage import StorageConformance
+
+__all__ = [
+    "ConcurrencyConformance",
+    "HookRulesConformance",
+    "QueueConformance",
+    "RunRulesConformance",
+    "StepRulesConformance",
+    "StorageConformance",
+    "StreamConformance",
+    "WaitForTerminalConformance",
+    "WaitRulesConformance",
+    "WorldConformance",
+]
+
+
+class WorldConformance(
+    StorageConformance,
+    RunRulesConformance,
+    StepRulesConformance,
+    HookRulesConformance,
+    WaitRulesConformance,
+    QueueConformance,
+    StreamConformance,
+    WaitForTerminalConformance,
+    ConcurrencyConformance,
+):
+    """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""

@@ -1,0 +1,432 @@
+"""An in-memory World for tests: storage, queue and streams in process memory.
+
+:class:`MemoryWorld` implements :class:`~celery_workflow.world.World` with the same guarantees as the durable Worlds,
+minus durability and cross-process access:
+
+* every append goes through :func:`celery_workflow.events.plan_append` (the single source of the transition rules)
+  and is applied, with the deliveries handed in with it, under one lock: all or nothing, contiguous slots;
+* event data is stored as a JSON round trip of what was appended, so callers never share objects with the World
+  (tuples come back as lists, exactly as from a database);
+* the queue is faithful: due times, leases that hide a claimed delivery until they expire, receipts that go stale
+  when a delivery is claimed again (a stale receipt changes nothing), idempotency keys that deduplicate against a
+  *pending* delivery of the same run (without a run: of the same queue) and are released when the delivery is
+  claimed; the same semantics as :class:`celery_workflow.sqlite_queue.SQLiteQueue`;
+* waiters (:meth:`~MemoryWorld.wait_for_terminal`, :meth:`~MemoryWorld.read_stream` with ``wait``) block on a
+  condition variable and wake as soon as another thread writes.
+
+Time comes from ``clock`` (an aware UTC ``datetime`` factory, :func:`celery_workflow.ids.utcnow` by default). Tests
+may pass a controllable clock to move due times and leases forward; :meth:`MemoryWorld.next_due` tells a driver when
+the next delivery becomes claimable. Timeouts of blocking calls are always real seconds.
+
+:meth:`MemoryWorld.broker` raises :class:`~celery_workflow.errors.ConfigurationError`: Celery workers in other
+processes cannot reach process memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from celery_workflow import events as rules
+from celery_workflow import ids
+from celery_workflow._world_checks import check_chunks, check_deliveries, check_stream_name, normalise
+from celery_workflow.errors import (
+    ConfigurationError,
+    EntityExists,
+    EventConflict,
+    HookNotFound,
+    RunNotFound,
+    StepNotFound,
+)
+from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
+from celery_workflow.world import (
+    AppendResult,
+    BrokerSpec,
+    ClaimedDelivery,
+    Delivery,
+    NewRun,
+    Page,
+    StreamChunk,
+    StreamPage,
+)
+
+__all__ = ["MemoryWorld"]
+
+
+@dataclass(slots=True)
+class _Stream:
+    chunks: list[bytes] = field(default_factory=list)
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class _Run:
+    view: RunView
+    events: list[Event]
+    steps: dict[str, StepView] = field(default_factory=dict)  # insertion order = creation order
+    hooks: dict[str, HookView] = field(default_factory=dict)
+    waits: dict[str, WaitView] = field(default_factory=dict)
+    streams: dict[str, _Stream] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Queued:
+    seq: int
+    queue: str
+    payload: bytes
+    run_id: str | None
+    due: datetime
+    idempotency_key: str | None
+    attempts: int = 0
+    receipt: str | None = None
+    lease_until: datetime | None = None
+
+    def claimable(self, now: datetime) -> bool:
+        return self.due <= now and (self.lease_until is None or self.lease_until <= now)
+
+
+def _key_scope(run_id: str | None, queue: str, key: str | None) -> tuple[bool, str, str] | None:
+    """What an idempotency key deduplicates against: pending deliveries of the same run (without a run: of the queue)."""
+    if key is None:
+        return None
+    return (run_id is None, queue if run_id is None else run_id, key)
+
+
+class MemoryWorld:
+    """A complete World in process memory, thread-safe (one lock and one condition variable)."""
+
+    def __init__(self, *, poll_interval: float = 0.05, clock: Callable[[], datetime] = ids.utcnow) -> None:
+        self.poll_interval = poll_interval
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._runs: dict[str, _Run] = {}
+        self._tokens: dict[str, tuple[str, str]] = {}  # token -> (run id, hook id) of its live owner
+        self._queue: dict[int, _Queued] = {}
+        self._receipts: dict[str, int] = {}  # current receipt -> delivery seq
+        self._keys: dict[tuple[bool, str, str], int] = {}  # key scope -> pending delivery seq (see _key_scope)
+        self._seq = itertools.count(1)
+
+    def _now(self) -> datetime:
+        return ids.to_utc(self._clock())
+
+    # -- storage -----------------------------------------------------------------------------------------------------
+
+    def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
+        check_deliveries(deliveries)
+        (created,) = normalise([NewEvent(rules.EventType.RUN_CREATED, None, run.event_data())])
+        with self._cond:
+            existing = self._runs.get(run.run_id)
+            if existing is not None:
+                if existing.view.workflow_name != run.workflow_name:
+                    raise EntityExists(
+                        f"run {run.run_id} belongs to workflow {existing.view.workflow_name!r}, not {run.workflow_name!r}"
+                    )
+                return existing.view, False
+            view, event = rules.new_run(run.run_id, created.data, self._now())
+            self._runs[run.run_id] = _Run(view, [event])
+            self._insert(deliveries)
+            self._cond.notify_all()
+            return view, True
+
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_count: int | None = None,
+        deliveries: Sequence[Delivery] = (),
+    ) -> AppendResult:
+        check_deliveries(deliveries)
+        batch = normalise(events)
+        keys = rules.keys_of(batch)
+        with self._cond:
+            run = self._runs.get(run_id)
+            snapshot = rules.Snapshot(run.view if run is not None else None)
+            if run is not None:
+                snapshot.steps = {k: run.steps[k] for k in keys.steps if k in run.steps}
+                snapshot.hooks = {k: run.hooks[k] for k in keys.hooks if k in run.hooks}
+                snapshot.waits = {k: run.waits[k] for k in keys.waits if k in run.waits}
+                if keys.hooks:
+                    snapshot.created_hooks = {
+                        str(e.correlation_id)
+                        for e in run.events
+                        if e.event_type in (rules.EventType.HOOK_CREATED, rules.EventType.HOOK_CONFLICT)
+                        and e.correlation_id in keys.hooks
+                    }
+                for token in keys.tokens:
+                    owner = self._tokens.get(token)
+                    if owner is not None:
+                        snapshot.token_owners[token] = self._runs[owner[0]].hooks[owner[1]]
+            plan = rules.plan_append(snapshot, batch, now=self._now(), expected_count=expected_count)
+            assert run is not None  # plan_append raised RunNotFound otherwise
+            self._apply(run, plan)
+            self._insert(deliveries)
+            self._cond.notify_all()
+            return AppendResult(list(plan.events), plan.run)
+
+    def _apply(self, run: _Run, plan: rules.Plan) -> None:
+        run.events.extend(plan.events)
+        run.view = plan.run
+        run.steps.update(plan.steps)
+        run.waits.update(plan.waits)
+        for hook_id, hook in plan.hooks_deleted.items():
+            run.hooks.pop(hook_id, None)
+            if self._tokens.get(hook.token) == (hook.run_id, hook_id):
+                del self._tokens[hook.token]
+        for hook_id, hook in plan.hooks_inserted.items():
+            run.hooks[hook_id] = hook
+            self._tokens[hook.token] = (hook.run_id, hook_id)
+        if plan.run_ended:
+            for hook_id, hook in run.hooks.items():
+                if self._tokens.get(hook.token) == (hook.run_id, hook_id):
+                    del self._tokens[hook.token]
+            run.hooks.clear()
+            run.waits.clear()
+
+    def _get(self, run_id: str) -> _Run:
+        run = self._runs.get(run_id)
+        if run is None:
+            raise RunNotFound(f"run {run_id} does not exist")
+        return run
+
+    def get_run(self, run_id: str) -> RunView:
+        with self._cond:
+            return self._get(run_id).view
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[RunView]:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        wanted = RunStatus(status) if status is not None else None
+        with self._cond:
+            views = [r.view for r in self._runs.values()]
+        views.sort(key=lambda v: v.run_id, reverse=True)
+        matched = [
+            v
+            for v in views
+            if (workflow is None or v.workflow_name == workflow)
+            and (wanted is None or v.status is wanted)
+            and (cursor is None or v.run_id < cursor)
+        ]
+        page = matched[:limit]
+        return Page(page, page[-1].run_id if len(matched) > limit else None)
+
+    def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
+        with self._cond:
+            log = self._get(run_id).events
+            out = log[max(after_slot, 0) :]
+        return out if limit is None else out[: max(limit, 0)]
+
+    def get_step(self, run_id: str, step_id: str) -> StepView:
+        with self._cond:
+            step = self._get(run_id).steps.get(step_id)
+        if step is None:
+            raise StepNotFound(f"step {step_id} of run {run_id} does not exist")
+        return step
+
+    def list_steps(self, run_id: str) -> list[StepView]:
+        with self._cond:
+            return list(self._get(run_id).steps.values())
+
+    def get_hook_by_token(self, token: str) -> HookView:
+        with self._cond:
+            owner = self._tokens.get(token)
+            if owner is None:
+                raise HookNotFound(f"no live hook owns token {token!r}")
+            return self._runs[owner[0]].hooks[owner[1]]
+
+    def list_hooks(self, run_id: str) -> list[HookView]:
+        with self._cond:
+            return list(self._get(run_id).hooks.values())
+
+    def list_waits(self, run_id: str) -> list[WaitView]:
+        with self._cond:
+            return list(self._get(run_id).waits.values())
+
+    def wait_for_terminal(self, run_id: str, timeout: float | None) -> RunView:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                view = self._get(run_id).view
+                if view.status.terminal:
+                    return view
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return view
+                self._cond.wait(left)
+
+    # -- queue -------------------------------------------------------------------------------------------------------
+
+    def _insert(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Store deliveries (lock held). False for one deduplicated by a pending delivery's idempotency key."""
+        now = self._now()
+        out = []
+        for d in deliveries:
+            scope = _key_scope(d.run_id, d.queue, d.idempotency_key)
+            if scope is not None and scope in self._keys:
+                out.append(False)
+                continue
+            seq = next(self._seq)
+            due = ids.to_utc(d.not_before) if d.not_before is not None else now
+            self._queue[seq] = _Queued(seq, d.queue, d.payload, d.run_id, due, d.idempotency_key)
+            if scope is not None:
+                self._keys[scope] = seq
+            out.append(True)
+        return out
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        check_deliveries(deliveries)
+        with self._cond:
+            out = self._insert(deliveries)
+            self._cond.notify_all()
+            return out
+
+    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
+        if lease <= 0:
+            raise ValueError("lease must be positive")
+        names = set(queues)
+        with self._cond:
+            now = self._now()
+            ready = sorted(
+                (q for q in self._queue.values() if q.queue in names and q.claimable(now)),
+                key=lambda q: (q.due, q.seq),
+            )[: max(limit, 0)]
+            out = []
+            for q in ready:
+                if q.receipt is not None:
+                    del self._receipts[q.receipt]
+                scope = _key_scope(q.run_id, q.queue, q.idempotency_key)
+                if scope is not None:  # claiming releases the key
+                    del self._keys[scope]
+                    q.idempotency_key = None
+                q.receipt = f"rcpt_{ids.ulid()}"
+                q.lease_until = now + timedelta(seconds=lease)
+                q.attempts += 1
+                self._receipts[q.receipt] = q.seq
+                out.append(ClaimedDelivery(q.receipt, q.queue, q.payload, q.attempts, q.run_id))
+            return out
+
+    def _claimed(self, receipt: str) -> _Queued | None:
+        seq = self._receipts.get(receipt)
+        return None if seq is None else self._queue[seq]
+
+    def ack(self, receipt: str) -> None:
+        """Delete the delivery if ``receipt`` is its current claim; a stale or unknown receipt is a no-op."""
+        with self._cond:
+            q = self._claimed(receipt)
+            if q is not None:
+                del self._receipts[receipt]
+                del self._queue[q.seq]
+
+    def release(self, receipt: str) -> None:
+        """Clear the lease: claimable again at once, keeping its place (due time). A stale receipt is a no-op."""
+        self._unlease(receipt, None)
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        """Clear the lease and make the delivery due ``delay`` seconds from now. A stale receipt is a no-op."""
+        self._unlease(receipt, max(delay, 0.0))
+
+    def _unlease(self, receipt: str, delay: float | None) -> None:
+        with self._cond:
+            q = self._claimed(receipt)
+            if q is not None:
+                del self._receipts[receipt]
+                q.receipt = None
+                q.lease_until = None
+                if delay is not None:
+                    q.due = self._now() + timedelta(seconds=delay)
+                self._cond.notify_all()
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        """Set the lease of each still-held claim to ``lease`` seconds from now; stale receipts are skipped."""
+        with self._cond:
+            until = self._now() + timedelta(seconds=lease)
+            for receipt in receipts:
+                q = self._claimed(receipt)
+                if q is not None:
+                    q.lease_until = until
+
+    # -- extras for test drivers -------------------------------------------------------------------------------------
+
+    def pending(self, queues: Sequence[str] | None = None) -> list[Delivery]:
+        """Every stored delivery (claimed or not), in claim order, as :class:`Delivery` records."""
+        with self._cond:
+            stored = sorted(self._queue.values(), key=lambda q: (q.due, q.seq))
+            return [
+                Delivery(q.queue, q.payload, q.run_id, q.due, q.idempotency_key)
+                for q in stored
+                if queues is None or q.queue in queues
+            ]
+
+    def next_due(self, queues: Sequence[str] | None = None) -> datetime | None:
+        """When the next delivery of these queues becomes claimable (due and unleased); None when the queue is empty."""
+        with self._cond:
+            times = [
+                max(q.due, q.lease_until or q.due) for q in self._queue.values() if queues is None or q.queue in queues
+            ]
+        return min(times, default=None)
+
+    # -- streams -----------------------------------------------------------------------------------------------------
+
+    def write_stream(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
+        check_stream_name(name)
+        data = check_chunks(chunks)
+        with self._cond:
+            stream = self._get(run_id).streams.setdefault(name, _Stream())
+            if stream.closed:
+                raise EventConflict(f"stream {name!r} of run {run_id} is closed")
+            stream.chunks.extend(data)
+            self._cond.notify_all()
+            return len(stream.chunks)
+
+    def close_stream(self, run_id: str, name: str) -> None:
+        check_stream_name(name)
+        with self._cond:
+            self._get(run_id).streams.setdefault(name, _Stream()).closed = True
+            self._cond.notify_all()
+
+    def read_stream(
+        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
+    ) -> StreamPage:
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        deadline = time.monotonic() + max(wait, 0.0)
+        with self._cond:
+            while True:
+                stream = self._get(run_id).streams.get(name)
+                chunks = stream.chunks[start:] if stream is not None else []
+                closed = stream is not None and stream.closed
+                left = deadline - time.monotonic()
+                if chunks or closed or left <= 0:
+                    break
+                self._cond.wait(left)
+        if limit is not None:
+            chunks = chunks[: max(limit, 0)]
+        return StreamPage(
+            [StreamChunk(start + i, c) for i, c in enumerate(chunks)],
+            closed and stream is not None and start + len(chunks) >= len(stream.chunks),
+            start + len(chunks),
+        )
+
+    def list_streams(self, run_id: str) -> list[str]:
+        with self._cond:
+            return sorted(self._get(run_id).streams)
+
+    # -- wiring ------------------------------------------------------------------------------------------------------
+
+    def broker(self) -> BrokerSpec:
+        raise ConfigurationError("MemoryWorld lives in one process; Celery workers cannot consume it")
+
+    def close(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
