@@ -1,0 +1,533 @@
+"""The SQLite queue: deliveries of the SQLite World and the storage of the SQLite Kombu transport.
+
+One table (``celery_workflow_queue``, migration ``0002_queue.sql``) holds a row per delivery: queue name, payload
+(UTF-8 JSON of a Kombu virtual-transport message, whichever side inserted it), run id, ``not_before``, attempts,
+``lease_until``, idempotency key, ``expires_at`` (message TTL) and ``created_at``; times are integer microseconds
+since the epoch taken from :attr:`SQLiteQueue.clock` (Python's ``time.time``), never from SQLite.
+
+Guarantees (the seed's worker model):
+
+* A claim takes due rows (``not_before <= now``, no live lease, not expired), oldest due first, sets
+  ``lease_until = now + lease``, increments ``attempts`` and clears the idempotency key, all in one
+  ``BEGIN IMMEDIATE`` transaction, so concurrent claimers in any number of processes never get the same claim.
+* A receipt (``"<id>.<attempts>"``) names exactly one claim: ids are never reused (AUTOINCREMENT) and every claim
+  increments ``attempts``. ack / release / retry_later / extend with a stale receipt (the row was re-claimed after
+  its lease ran out, released, or deleted) change nothing.
+* An idempotency key deduplicates against a *pending* row of the same run (rows without a run: of the same queue),
+  enforced by a partial unique index and ``INSERT … ON CONFLICT DO NOTHING``; claiming releases the key, so a delivery
+  queued while the previous one executes is never dropped.
+* A message put on a queue declared with ``x-message-ttl`` expires that long after it is *due* (so a delayed message
+  is not dropped before it could be delivered); expired rows are never claimed and :meth:`SQLiteQueue.gc` deletes
+  them unless someone holds them.
+* Broker state for the transport (queue declarations with ``x-expires`` / ``x-message-ttl`` / auto_delete,
+  exchanges, bindings, live consumers) lives in the same file, shared by every process; :meth:`SQLiteQueue.gc`
+  collects unused queues, dead consumers' auto-delete queues and expired messages.
+
+Every sqlite3 error is raised as :class:`~celery_workflow.errors.WorldError` with the driver error as ``__cause__``.
+:class:`SQLiteQueue` structurally implements :class:`celery_workflow.transport.base.BrokerStore`.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Sized
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+from celery_workflow._sqlite import Database
+from celery_workflow.errors import WorldError
+from celery_workflow.ids import to_micros
+from celery_workflow.world import ClaimedDelivery, Delivery
+
+__all__ = ["Binding", "SQLiteQueue", "format_receipt", "parse_receipt"]
+
+_Q = "celery_workflow_queue"
+_QUEUES = "celery_workflow_broker_queues"
+_EXCHANGES = "celery_workflow_broker_exchanges"
+_BINDINGS = "celery_workflow_broker_bindings"
+_CONSUMERS = "celery_workflow_broker_consumers"
+
+_INSERT = (
+    f"INSERT INTO {_Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)"
+    f" VALUES (?, ?, ?, ?, ?, (SELECT ? + message_ttl_ms * 1000 FROM {_QUEUES} WHERE name = ?), ?)"
+    " ON CONFLICT DO NOTHING"
+)
+
+# A row is claimable at ``now`` when it is due, its lease (if any) has run out and it has not expired.
+_CLAIMABLE = "queue = ? AND not_before <= ? AND (lease_until IS NULL OR lease_until <= ?) AND (expires_at IS NULL OR expires_at > ?)"
+
+
+class Binding(NamedTuple):
+    """A binding of ``queue`` to ``exchange``; ``pattern`` is the regex of a topic binding, else None."""
+
+    exchange: str
+    routing_key: str
+    pattern: str | None
+    queue: str
+
+
+def format_receipt(row_id: int, attempts: int) -> str:
+    """The receipt of one claim."""
+    return f"{row_id}.{attempts}"
+
+
+def parse_receipt(receipt: str) -> tuple[int, int]:
+    """``(row_id, attempts)`` of a receipt; WorldError when it is not one."""
+    try:
+        row_id, attempts = receipt.split(".")
+        return int(row_id), int(attempts)
+    except (AttributeError, ValueError) as exc:
+        raise WorldError(f"malformed queue receipt {receipt!r}") from exc
+
+
+def _us(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def _marks(values: Sized) -> str:
+    return ", ".join("?" * len(values))
+
+
+class SQLiteQueue:
+    """Deliveries and broker state in a :class:`~celery_workflow._sqlite.Database` (thread- and fork-safe)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        #: Wall clock in seconds since the epoch; tests may replace it.
+        self.clock: Callable[[], float] = time.time
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return _us(self.clock())
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; sqlite3 errors become WorldError."""
+        try:
+            with self.db.transaction() as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self.db.connection().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc
+
+    # -- used by SQLiteWorld inside its own write transaction ----------------------------------------------------
+
+    def insert(self, conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Insert deliveries in the caller's open transaction; ``False`` for one deduplicated by its key."""
+        now = self._now()
+        out = []
+        try:
+            for d in deliveries:
+                due = now if d.not_before is None else to_micros(d.not_before)
+                cur = conn.execute(
+                    _INSERT, (d.queue, bytes(d.payload), d.run_id, due, d.idempotency_key, due, d.queue, now)
+                )
+                out.append(cur.rowcount == 1)
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: cannot insert deliveries: {exc}") from exc
+        return out
+
+    def delete_for_run(self, conn: sqlite3.Connection, run_id: str) -> int:
+        """Delete every delivery of a run (pending or claimed) in the caller's transaction; return the count."""
+        try:
+            return int(conn.execute(f"DELETE FROM {_Q} WHERE run_id = ?", (run_id,)).rowcount)
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: cannot delete deliveries of {run_id}: {exc}") from exc
+
+    # -- the World's queue facet ---------------------------------------------------------------------------------
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Store deliveries in one transaction; ``False`` for one deduplicated by its idempotency key."""
+        if not deliveries:
+            return []
+        with self._write() as conn:
+            return self.insert(conn, deliveries)
+
+    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
+        """Claim up to ``limit`` due rows of ``queues``, oldest due first, hidden for ``lease`` seconds."""
+        return self.receive(queues, limit=limit, lease=lease)
+
+    def ack(self, receipt: str) -> None:
+        """Delete the claimed row; no-op when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        with self._write() as conn:
+            conn.execute(
+                f"DELETE FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL", (row_id, attempts)
+            )
+
+    def release(self, receipt: str) -> None:
+        """Clear the lease: the row is claimable again at once, keeping its place (due time). No-op when stale."""
+        row_id, attempts = parse_receipt(receipt)
+        with self._write() as conn:
+            conn.execute(
+                f"UPDATE {_Q} SET lease_until = NULL WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
+                (row_id, attempts),
+            )
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        """Clear the lease and make the row due ``delay`` seconds from now. No-op when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        now = self._now()
+        with self._write() as conn:
+            conn.execute(
+                f"UPDATE {_Q} SET lease_until = NULL, not_before = ?"
+                " WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
+                (now + _us(max(delay, 0.0)), row_id, attempts),
+            )
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        """Set the lease of each still-held claim to ``lease`` seconds from now; stale receipts are skipped."""
+        if not receipts:
+            return
+        parsed = [parse_receipt(r) for r in receipts]
+        until = self._now() + _us(lease)
+        with self._write() as conn:
+            conn.executemany(
+                f"UPDATE {_Q} SET lease_until = ? WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
+                [(until, row_id, attempts) for row_id, attempts in parsed],
+            )
+
+    # -- BrokerStore: messages -----------------------------------------------------------------------------------
+
+    def put(
+        self,
+        queue: str,
+        payload: bytes,
+        *,
+        not_before: float | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> bool:
+        """Insert one message (due at ``not_before``, epoch seconds, or now); ``False`` when deduplicated."""
+        now = self._now()
+        due = now if not_before is None else _us(not_before)
+        with self._write() as conn:
+            cur = conn.execute(_INSERT, (queue, payload, run_id, due, idempotency_key, due, queue, now))
+            return cur.rowcount == 1
+
+    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
+        """Insert a copy of the message on every queue bound to ``exchange``; return the number of copies."""
+        now = self._now()
+        due = now if not_before is None else _us(not_before)
+        with self._write() as conn:
+            cur = conn.execute(
+                f"INSERT INTO {_Q} (queue, payload, not_before, expires_at, created_at)"
+                f" SELECT b.queue, ?, ?, ? + d.message_ttl_ms * 1000, ?"
+                f" FROM (SELECT DISTINCT queue FROM {_BINDINGS} WHERE exchange = ?) AS b"
+                f" LEFT JOIN {_QUEUES} AS d ON d.name = b.queue",
+                (payload, due, due, now, exchange),
+            )
+            return int(cur.rowcount)
+
+    def _candidates(
+        self, conn: sqlite3.Connection, queues: Sequence[str], now: int, limit: int
+    ) -> list[tuple[int, int]]:
+        found: list[tuple[int, int]] = []
+        for queue in dict.fromkeys(queues):
+            found.extend(
+                conn.execute(
+                    f"SELECT not_before, id FROM {_Q} WHERE {_CLAIMABLE} ORDER BY not_before, id LIMIT ?",
+                    (queue, now, now, now, limit),
+                ).fetchall()
+            )
+        found.sort()
+        return found[:limit]
+
+    def receive(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+    ) -> list[ClaimedDelivery]:
+        """Claim up to ``limit`` due rows of ``queues``, oldest due first.
+
+        Rows of queues in ``no_ack`` are deleted in the same transaction (delete-on-receive for consumers that never
+        ack); the others are leased for ``lease`` seconds. An empty queue costs one read, not a write transaction.
+        """
+        if not queues or limit <= 0:
+            return []
+        now = self._now()
+        try:
+            if not self._candidates(self.db.connection(), queues, now, 1):
+                return []
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc
+        with self._write() as conn:
+            now = self._now()
+            ids = [row_id for _, row_id in self._candidates(conn, queues, now, limit)]
+            if not ids:
+                return []
+            rows = conn.execute(
+                f"UPDATE {_Q} SET lease_until = ?, attempts = attempts + 1, idempotency_key = NULL"
+                f" WHERE id IN ({_marks(ids)}) RETURNING id, queue, payload, attempts, run_id, not_before",
+                (now + _us(lease), *ids),
+            ).fetchall()
+            gone = [r[0] for r in rows if r[1] in no_ack]
+            if gone:
+                conn.execute(f"DELETE FROM {_Q} WHERE id IN ({_marks(gone)})", gone)
+        rows.sort(key=lambda r: (r[5], r[0]))
+        return [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
+
+    def next_due(self, queues: Sequence[str]) -> float | None:
+        """Epoch seconds at which the next row of ``queues`` becomes claimable (due or lease run out), or None."""
+        now = self._now()
+        best: int | None = None
+        for queue in dict.fromkeys(queues):
+            rows = self._read(
+                f"SELECT not_before FROM {_Q} WHERE queue = ? AND (lease_until IS NULL OR lease_until <= ?)"
+                " AND (expires_at IS NULL OR expires_at > ?) ORDER BY not_before, id LIMIT 1",
+                (queue, now, now),
+            )
+            rows += self._read(
+                f"SELECT MIN(lease_until) FROM {_Q} WHERE queue = ? AND lease_until > ? HAVING COUNT(*) > 0",
+                (queue, now),
+            )
+            for (value,) in rows:
+                if value is not None and (best is None or value < best):
+                    best = int(value)
+        return None if best is None else best / 1_000_000
+
+    def size(self, queue: str) -> int:
+        """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
+        now = self._now()
+        rows = self._read(
+            f"SELECT COUNT(*) FROM {_Q} WHERE queue = ? AND (lease_until IS NULL OR lease_until <= ?)"
+            " AND (expires_at IS NULL OR expires_at > ?)",
+            (queue, now, now),
+        )
+        return int(rows[0][0])
+
+    def purge(self, queue: str) -> int:
+        """Delete the messages :meth:`size` counts (claimed ones stay with their holders); return the count."""
+        now = self._now()
+        with self._write() as conn:
+            cur = conn.execute(
+                f"DELETE FROM {_Q} WHERE queue = ? AND (lease_until IS NULL OR lease_until <= ?)",
+                (queue, now),
+            )
+            return int(cur.rowcount)
+
+    # -- BrokerStore: queues -------------------------------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        expires: float | None = None,
+        message_ttl: float | None = None,
+    ) -> None:
+        """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
+        now = self._now()
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO {_QUEUES} (name, durable, exclusive, auto_delete, expires_ms, message_ttl_ms,"
+                " last_used, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET durable = excluded.durable, exclusive = excluded.exclusive,"
+                " auto_delete = excluded.auto_delete, expires_ms = excluded.expires_ms,"
+                " message_ttl_ms = excluded.message_ttl_ms, last_used = excluded.last_used",
+                (
+                    name,
+                    int(durable),
+                    int(exclusive),
+                    int(auto_delete),
+                    None if expires is None else int(expires * 1000),
+                    None if message_ttl is None else int(message_ttl * 1000),
+                    now,
+                    now,
+                ),
+            )
+
+    def has_queue(self, name: str) -> bool:
+        """True when the queue is declared or holds messages."""
+        rows = self._read(
+            f"SELECT EXISTS (SELECT 1 FROM {_QUEUES} WHERE name = ?) OR EXISTS (SELECT 1 FROM {_Q} WHERE queue = ?)",
+            (name, name),
+        )
+        return bool(rows[0][0])
+
+    def queue_info(self, name: str) -> dict[str, Any] | None:
+        """The stored declaration of a queue, or None."""
+        rows = self._read(
+            f"SELECT durable, exclusive, auto_delete, expires_ms, message_ttl_ms, last_used FROM {_QUEUES}"
+            " WHERE name = ?",
+            (name,),
+        )
+        if not rows:
+            return None
+        durable, exclusive, auto_delete, expires_ms, ttl_ms, last_used = rows[0]
+        return {
+            "durable": bool(durable),
+            "exclusive": bool(exclusive),
+            "auto_delete": bool(auto_delete),
+            "expires": None if expires_ms is None else expires_ms / 1000,
+            "message_ttl": None if ttl_ms is None else ttl_ms / 1000,
+            "last_used": last_used / 1_000_000,
+        }
+
+    def delete_queue(self, name: str) -> int:
+        """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
+        with self._write() as conn:
+            return self._drop_queues(conn, [name])
+
+    @staticmethod
+    def _drop_queues(conn: sqlite3.Connection, names: Sequence[str]) -> int:
+        deleted = 0
+        for name in dict.fromkeys(names):
+            deleted += conn.execute(f"DELETE FROM {_Q} WHERE queue = ?", (name,)).rowcount
+            conn.execute(f"DELETE FROM {_BINDINGS} WHERE queue = ?", (name,))
+            conn.execute(f"DELETE FROM {_CONSUMERS} WHERE queue = ?", (name,))
+            conn.execute(f"DELETE FROM {_QUEUES} WHERE name = ?", (name,))
+        return deleted
+
+    # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
+
+    def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create or update an exchange (its type is what routing in other processes will use)."""
+        args = json.dumps(dict(arguments or {}), sort_keys=True, default=str)
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO {_EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET type = excluded.type,"
+                " durable = excluded.durable, auto_delete = excluded.auto_delete, arguments = excluded.arguments",
+                (name, type, int(durable), int(auto_delete), args, self._now()),
+            )
+
+    def exchange_type(self, name: str) -> str | None:
+        rows = self._read(f"SELECT type FROM {_EXCHANGES} WHERE name = ?", (name,))
+        return str(rows[0][0]) if rows else None
+
+    def exchanges(self) -> list[str]:
+        return [str(r[0]) for r in self._read(f"SELECT name FROM {_EXCHANGES} ORDER BY name")]
+
+    def delete_exchange(self, name: str) -> None:
+        """Delete an exchange and its bindings (queues stay, as in AMQP)."""
+        with self._write() as conn:
+            conn.execute(f"DELETE FROM {_BINDINGS} WHERE exchange = ?", (name,))
+            conn.execute(f"DELETE FROM {_EXCHANGES} WHERE name = ?", (name,))
+
+    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO {_BINDINGS} (exchange, routing_key, queue, pattern, created_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (exchange, routing_key, queue) DO UPDATE SET pattern = excluded.pattern",
+                (exchange, routing_key or "", queue, pattern, self._now()),
+            )
+
+    def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                f"DELETE FROM {_BINDINGS} WHERE exchange = ? AND routing_key = ? AND queue = ?",
+                (exchange, routing_key or "", queue),
+            )
+
+    def bindings(self, exchange: str | None = None) -> list[Binding]:
+        """Bindings of one exchange, or all of them."""
+        sql = f"SELECT exchange, routing_key, pattern, queue FROM {_BINDINGS}"
+        rows = self._read(sql + " WHERE exchange = ?", (exchange,)) if exchange is not None else self._read(sql)
+        return [Binding(str(e), str(k), None if p is None else str(p), str(q)) for e, k, p, q in rows]
+
+    # -- BrokerStore: liveness and collection --------------------------------------------------------------------
+
+    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
+        """Record that ``consumer`` is alive on ``queues`` and mark them used; return those not declared."""
+        if not queues:
+            return []
+        names = list(dict.fromkeys(queues))
+        now = self._now()
+        with self._write() as conn:
+            conn.executemany(
+                f"INSERT INTO {_CONSUMERS} (queue, consumer, seen_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at",
+                [(q, consumer, now) for q in names],
+            )
+            conn.execute(f"UPDATE {_QUEUES} SET last_used = ? WHERE name IN ({_marks(names)})", (now, *names))
+            known = {r[0] for r in conn.execute(f"SELECT name FROM {_QUEUES} WHERE name IN ({_marks(names)})", names)}
+        return [q for q in names if q not in known]
+
+    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]:
+        """Forget ``consumer`` on ``queues``; delete the auto_delete ones left without consumers (returned)."""
+        if not queues:
+            return []
+        names = list(dict.fromkeys(queues))
+        with self._write() as conn:
+            conn.executemany(
+                f"DELETE FROM {_CONSUMERS} WHERE queue = ? AND consumer = ?", [(q, consumer) for q in names]
+            )
+            doomed = self._orphaned_auto_delete(conn, names)
+            self._drop_queues(conn, doomed)
+        return doomed
+
+    @staticmethod
+    def _orphaned_auto_delete(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
+        if not names:
+            return []
+        rows = conn.execute(
+            f"SELECT name FROM {_QUEUES} AS d WHERE name IN ({_marks(names)}) AND auto_delete = 1"
+            f" AND NOT EXISTS (SELECT 1 FROM {_CONSUMERS} AS c WHERE c.queue = d.name)",
+            list(names),
+        ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
+        """Collect what nobody uses any more, in one transaction.
+
+        * queues declared with ``x-expires`` and unused (no declaration, no consumer heartbeat) for that long;
+        * consumers silent for ``consumer_timeout`` seconds (dead processes) and the auto_delete queues they leave
+          without consumers;
+        * messages past their TTL that nobody holds.
+
+        A collected queue goes with its bindings and messages. Returns counts by kind.
+        """
+        now = self._now()
+        with self._write() as conn:
+            expired = [
+                str(r[0])
+                for r in conn.execute(
+                    f"SELECT name FROM {_QUEUES} WHERE expires_ms IS NOT NULL AND last_used + expires_ms * 1000 <= ?",
+                    (now,),
+                )
+            ]
+            stale = conn.execute(
+                f"DELETE FROM {_CONSUMERS} WHERE seen_at <= ? RETURNING queue", (now - _us(consumer_timeout),)
+            ).fetchall()
+            orphaned = self._orphaned_auto_delete(conn, list(dict.fromkeys(str(r[0]) for r in stale)))
+            queues = list(dict.fromkeys(expired + orphaned))
+            dropped = self._drop_queues(conn, queues)
+            ttl = conn.execute(
+                f"DELETE FROM {_Q} WHERE expires_at IS NOT NULL AND expires_at <= ?"
+                " AND (lease_until IS NULL OR lease_until <= ?)",
+                (now, now),
+            ).rowcount
+        return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}
+
+    # -- BrokerStore: change notification ------------------------------------------------------------------------
+
+    def change_token(self) -> int:
+        """A value that changes when another connection commits (``PRAGMA data_version``)."""
+        try:
+            return self.db.data_version()
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc
+
+    def wait_for_change(self, token: int, timeout: float) -> int:
+        """Block until another connection commits after ``token`` was taken, or ``timeout`` seconds pass."""
+        try:
+            return self.db.wait_for_change(token, timeout)
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc

@@ -1,0 +1,120 @@
+"""SQLite transport for Celery: the queue table of the SQLite World, consumed by unmodified Celery workers.
+
+A thin layer over :mod:`celery_workflow.transport.base` and :class:`celery_workflow.sqlite_queue.SQLiteQueue`: every
+process on the machine (workers, their pool children, ``celery inspect``, Flower, the application) opens the same
+SQLite file in WAL mode, so messages, exchanges, bindings and queue declarations are shared.
+
+Features
+========
+* Type: Virtual (synchronous: Celery runs its ``synloop``).
+* Supports Direct: Yes
+* Supports Topic: Yes
+* Supports Fanout: Yes (bindings stored in the database: ``celery inspect``, remote control and Flower work)
+* Supports Priority: No
+* Supports TTL: Yes (``x-message-ttl``, ``x-expires``, auto_delete)
+* Delayed delivery: Yes (``properties["not_before"]`` or Celery's ``eta``/``countdown``: rows are not received
+  before they are due)
+* Leases: received messages are hidden for ``lease_seconds`` and the lease is extended while the consumer holds
+  them; ack deletes, requeue/shutdown releases, reject without requeue backs off (1 s, 2 s, 4 s … 5 min).
+* Idempotency: ``apply_async(..., idempotency_key="k", run_id="r")`` deduplicates against a pending message.
+* Wake-up: waiting consumers notice a commit by any process within milliseconds (``PRAGMA data_version``).
+
+Connection String
+=================
+Select the transport with ``broker_transport`` and give the database file as the broker URL:
+
+.. code-block::
+
+    broker_transport = "celery_workflow.transport.sqlite:Transport"
+    broker_url = "sqlite:////absolute/path/to/workflows.db"   # four slashes: absolute path
+    broker_url = "sqlite:///relative/workflows.db"            # three slashes: relative to the working directory
+
+The transport parses the URL itself (``can_parse_url``), so Kombu keeps it whole; percent-escapes are decoded, a
+query string is not allowed, and an in-memory database is refused (it cannot be shared by processes). This is the
+same URL form as the SQLite World's. Register an alias if you prefer a scheme over ``broker_transport``: Kombu has
+no entry points for transports and a dotted path as URL scheme does not survive ``urlparse``.
+
+Transport Options
+=================
+* ``lease_seconds`` (60): how long a received, unacked message stays hidden without being extended; it only
+  bounds how quickly a crashed worker's message is delivered again.
+* ``polling_interval`` (1.0): longest wait between checks when nothing wakes the consumer.
+* ``heartbeat_interval`` (5.0): how often consumers refresh their queues (at most a quarter of ``x-expires``).
+* ``gc_interval`` (10.0): how often each connection collects expired queues and messages.
+* ``consumer_timeout`` (60.0): a consumer silent that long is dead; its auto_delete queues are deleted.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from celery_workflow._sqlite import Database
+from celery_workflow.sqlite_queue import SQLiteQueue
+from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
+
+__all__ = ["Channel", "Transport", "database_path"]
+
+_lock = threading.Lock()
+_stores: dict[str, SQLiteQueue] = {}
+
+
+def database_path(url: str) -> str:
+    """The absolute database path of ``sqlite:////abs/path.db``, ``sqlite:///relative.db`` or a bare path."""
+    text = (url or "").strip()
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme.lower() != "sqlite":
+            raise ValueError(f"the SQLite transport needs a sqlite:// URL, got {url!r}")
+        if not rest.startswith("/"):
+            raise ValueError(f"use sqlite:///relative.db or sqlite:////abs/path.db (no host), got {url!r}")
+        text = rest[1:]
+    if "?" in text:
+        raise ValueError(f"the SQLite transport takes no query string (use broker_transport_options): {url!r}")
+    path = unquote(text)
+    if not path or path == ":memory:" or path.startswith("file:"):
+        raise ValueError(f"the SQLite transport needs a database file path, got {url!r}")
+    return str(Path(path).expanduser().resolve())
+
+
+def shared_queue(path: str) -> SQLiteQueue:
+    """One migrated :class:`SQLiteQueue` per database file and process (the Database is fork-safe)."""
+    with _lock:
+        queue = _stores.get(path)
+        if queue is None:
+            queue = _stores[path] = SQLiteQueue(Database(path))
+        return queue
+
+
+class Channel(StoreChannel):
+    """SQLite channel: all behaviour comes from :class:`~celery_workflow.transport.base.StoreChannel`."""
+
+
+class Transport(StoreTransport):
+    """Kombu transport over a SQLite file (``driver_type`` ``celery_workflow_sqlite``)."""
+
+    Channel = Channel
+
+    can_parse_url = True
+    default_port = None
+    driver_type = "celery_workflow_sqlite"
+    driver_name = "sqlite3"
+
+    connection_errors = (*StoreTransport.connection_errors, sqlite3.OperationalError)
+    channel_errors = (*StoreTransport.channel_errors, sqlite3.OperationalError)
+
+    def open_store(self) -> BrokerStore:
+        return shared_queue(database_path(self.client.hostname))
+
+    def driver_version(self) -> str:
+        return sqlite3.sqlite_version
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        return uri
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        return {"hostname": "sqlite:///celery_workflow.db"}
