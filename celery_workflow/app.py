@@ -329,8 +329,10 @@ class Workflows:
 
 
 def _attempt(task: Any) -> int:
-    info = getattr(task.request, "delivery_info", None) or {}
+    """How many times this delivery has been received (the transport counts; Celery keeps it in the properties)."""
+    properties = getattr(task.request, "properties", None) or {}
+    info = properties.get("delivery_info") or {}
     try:
-        return int(info.get("cw_attempts", 1))
+        return max(1, int(info.get("cw_attempts", 1)))
     except (TypeError, ValueError):
         return 1

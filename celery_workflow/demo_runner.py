@@ -34,7 +34,19 @@ def run_demo(url: str, *, out: TextIO, timeout: float = 120.0) -> int:
 
     log_file = tempfile.NamedTemporaryFile("w+", prefix="celery-workflow-demo-", suffix=".log", delete=False)  # noqa: SIM115
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "celery_workflow.demo", "worker", "-c", "2", "-n", "demo@%h", "--loglevel=INFO"],
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "celery_workflow.demo",
+            "worker",
+            "-c",
+            "2",
+            "-n",
+            "demo@%h",
+            "--loglevel=INFO",
+        ],
         env={**os.environ, "CELERY_WORKFLOW_URL": url},
         stdout=log_file,
         stderr=subprocess.STDOUT,
@@ -61,9 +73,7 @@ def _drive(demo: Any, out: TextIO, timeout: float) -> int:
     print(f"run:    {run.id} (workflow process_order, order {order_id})\n", file=out)
 
     def show_progress() -> None:
-        done = 0
-        for value in run.stream("progress", timeout=timeout):
-            done += 1
+        for done, value in enumerate(run.stream("progress", timeout=timeout), start=1):
             print(f"  {_bar(done, demo.STAGES)}  {value['stage']}", file=out, flush=True)
 
     reader = threading.Thread(target=show_progress, daemon=True)

@@ -144,3 +144,20 @@ def backfill(x: int) -> int:
 @celery_app.task(name="wfapp.plain")
 def plain(path: str, text: str) -> None:
     Path(path).write_text(text)
+
+
+@wf.step
+def first_step() -> str:
+    return "first"
+
+
+@wf.step
+def other_step() -> str:
+    return "other"
+
+
+@wf.workflow
+def diverges(token: str) -> str:
+    # deliberately nondeterministic: once the marker exists, replay meets another step than the log recorded
+    (other_step if (MARKERS / f"diverge-{token}").exists() else first_step)()
+    return str(create_hook(token=token).wait())
