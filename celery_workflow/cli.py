@@ -40,7 +40,9 @@ def cmd_runs_list(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     print(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} CREATED", file=out)
     for run in page.items:
-        print(f"{run.run_id:32} {run.workflow_name:24} {run.status.value:10} {run.created_at:%Y-%m-%d %H:%M:%S}", file=out)
+        print(
+            f"{run.run_id:32} {run.workflow_name:24} {run.status.value:10} {run.created_at:%Y-%m-%d %H:%M:%S}", file=out
+        )
     return 0
 
 
@@ -62,14 +64,19 @@ def cmd_runs_show(args: argparse.Namespace, out: TextIO) -> int:
             print(f"  {step.step_id:36} {step.status.value:10} attempts={step.attempt}", file=out)
     print("\nevents", file=out)
     for ev in world.list_events(run.run_id):
-        print(f"  {ev.slot:4} {ev.created_at:%H:%M:%S.%f} {ev.event_type.value:15} {ev.correlation_id or '':24} {_short(dict(ev.data), 50)}", file=out)
+        print(
+            f"  {ev.slot:4} {ev.created_at:%H:%M:%S.%f} {ev.event_type.value:15} {ev.correlation_id or '':24} {_short(dict(ev.data), 50)}",
+            file=out,
+        )
     return 0
 
 
 def cmd_runs_cancel(args: argparse.Namespace, out: TextIO) -> int:
     world = _world(args)
     try:
-        run = world.append(args.run_id, [NewEvent(EventType.RUN_CANCELLED, None, {"reason": "celery-workflow runs cancel"})]).run
+        run = world.append(
+            args.run_id, [NewEvent(EventType.RUN_CANCELLED, None, {"reason": "celery-workflow runs cancel"})]
+        ).run
     except RunTerminal as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
