@@ -324,6 +324,12 @@ class Workflows:
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.runtime.cancel(run_id, reason)
 
+    def blueprint(self, *, name: str = "celery_workflow") -> Any:
+        """A Flask blueprint serving the RPC and webhook endpoints (``celery_workflow.api.blueprint``)."""
+        from celery_workflow import api
+
+        return api.blueprint(self, name=name)
+
     def close(self) -> None:
         self.world.close()
 

@@ -1,14 +1,31 @@
-"""Handles on runs from outside a workflow: :class:`Run`."""
+"""Handles on runs from outside a workflow: :class:`Run` (in-process) and :class:`HTTPClient` / :class:`HTTPRun`."""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
-from collections.abc import Iterator
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from celery_workflow import codec
-from celery_workflow.errors import ResultTimeout, RunCancelled, WorkflowFailed
+from celery_workflow.errors import (
+    CeleryWorkflowError,
+    EventConflict,
+    EventInvalid,
+    HookNotFound,
+    NotFound,
+    PayloadTooLarge,
+    ResultTimeout,
+    RunCancelled,
+    RunNotFound,
+    WorkflowFailed,
+    WorkflowNotFound,
+    WorldError,
+)
 from celery_workflow.events import Event, RunStatus, RunView, StepView
 
 if TYPE_CHECKING:
@@ -101,3 +118,172 @@ class Run(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Run {self.id}>"
+
+
+# -- over HTTP ---------------------------------------------------------------------------------------------------------
+
+_ERRORS: dict[str, type[CeleryWorkflowError]] = {
+    "workflow_not_found": WorkflowNotFound,
+    "run_not_found": RunNotFound,
+    "hook_not_found": HookNotFound,
+    "not_found": NotFound,
+    "conflict": EventConflict,
+    "too_early": EventConflict,
+    "payload_too_large": PayloadTooLarge,
+    "invalid_params": EventInvalid,
+    "invalid_request": EventInvalid,
+    "method_not_found": EventInvalid,
+    "unavailable": WorldError,
+}
+
+
+class HTTPClient:
+    """The outside calls of :class:`~celery_workflow.Workflows` over the RPC endpoint of ``api.blueprint``.
+
+    ``base_url`` is where the blueprint is mounted, e.g. ``https://workflows.example.com/v1/workflow``. Errors come
+    back as the same typed exceptions the in-process API raises. ``headers`` are sent with every call (auth).
+    """
+
+    def __init__(self, base_url: str, *, timeout: float = 60.0, headers: Mapping[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.headers = dict(headers or {})
+
+    def call(self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float | None = None) -> Any:
+        body = json.dumps({"method": method, "params": dict(params or {})}).encode()
+        req = urllib.request.Request(
+            f"{self.base_url}/rpc",
+            data=body,
+            method="POST",
+            headers={"content-type": "application/json", **self.headers},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
+                return json.loads(resp.read())["result"]
+        except urllib.error.HTTPError as exc:
+            raise _http_error(exc) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise WorldError(f"cannot reach {self.base_url}: {exc}") from exc
+
+    def start(self, workflow: str, *args: Any, run_id: str | None = None, **kwargs: Any) -> HTTPRun:
+        params: dict[str, Any] = {
+            "workflow": workflow,
+            "args": codec.to_json(list(args)),
+            "kwargs": codec.to_json(kwargs),
+        }
+        if run_id is not None:
+            params["run_id"] = run_id
+        result = self.call("start", params)
+        return HTTPRun(self, result["run"]["run_id"])
+
+    def get_run(self, run_id: str) -> HTTPRun:
+        self.call("get_run", {"run_id": run_id})
+        return HTTPRun(self, run_id)
+
+    def list_runs(
+        self, workflow: str | None = None, status: RunStatus | str | None = None, limit: int = 100
+    ) -> list[HTTPRun]:
+        params: dict[str, Any] = {"limit": limit}
+        if workflow is not None:
+            params["workflow"] = workflow
+        if status is not None:
+            params["status"] = str(RunStatus(status).value)
+        return [HTTPRun(self, r["run_id"]) for r in self.call("list_runs", params)["runs"]]
+
+    def cancel(self, run_id: str, reason: str | None = None) -> None:
+        self.call("cancel", {"run_id": run_id, **({"reason": reason} if reason else {})})
+
+    def resume_hook(self, token: str, payload: Any = None) -> dict[str, Any]:
+        hook: dict[str, Any] = self.call("resume_hook", {"token": token, "payload": codec.to_json(payload)})["hook"]
+        return hook
+
+
+def _http_error(exc: urllib.error.HTTPError) -> CeleryWorkflowError:
+    try:
+        err = json.loads(exc.read())["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        return WorldError(f"HTTP {exc.code} from the workflow endpoint")
+    return _ERRORS.get(code, CeleryWorkflowError)(message)
+
+
+class HTTPRun:
+    """A run seen over HTTP: the same reads as :class:`Run` (results come back as plain JSON)."""
+
+    def __init__(self, client: HTTPClient, run_id: str) -> None:
+        self._client = client
+        self.id = run_id
+
+    def view(self, wait: float = 0.0) -> dict[str, Any]:
+        run: dict[str, Any] = self._client.call(
+            "get_run", {"run_id": self.id, "wait": wait}, timeout=wait + self._client.timeout
+        )["run"]
+        return run
+
+    @property
+    def status(self) -> RunStatus:
+        return RunStatus(self.view()["status"])
+
+    @property
+    def workflow_name(self) -> str:
+        return str(self.view()["workflow_name"])
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the run to end (long-polling); return its output or raise like :meth:`Run.result`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 25.0 if deadline is None else max(0.0, min(25.0, deadline - time.monotonic()))
+            run = self.view(wait=left)
+            status = RunStatus(run["status"])
+            if status is RunStatus.COMPLETED:
+                return run["output"]
+            if status is RunStatus.FAILED:
+                raise WorkflowFailed(run_id=self.id, error=dict(run["error"] or {}))
+            if status is RunStatus.CANCELLED:
+                raise RunCancelled(run_id=self.id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"run {self.id} is still {status} after {timeout} s")
+
+    def cancel(self, reason: str | None = None) -> None:
+        self._client.cancel(self.id, reason)
+
+    def events(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = self._client.call("list_events", {"run_id": self.id, "after_slot": after})
+            out.extend(page["events"])
+            if page["cursor"] is None:
+                return out
+            after = int(page["cursor"])
+
+    def steps(self) -> list[dict[str, Any]]:
+        steps: list[dict[str, Any]] = self._client.call("list_steps", {"run_id": self.id})["steps"]
+        return steps
+
+    def stream(self, name: str = "default", start: int = 0, *, timeout: float | None = None) -> Iterator[Any]:
+        """Yield the stream's values from ``start`` as they are written, until it closes (or the run ends)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        index = start
+        while True:
+            wait = 10.0 if deadline is None else max(0.0, min(10.0, deadline - time.monotonic()))
+            page = self._client.call(
+                "read_stream",
+                {"run_id": self.id, "name": name, "start": index, "wait": wait},
+                timeout=wait + self._client.timeout,
+            )
+            for chunk in page["chunks"]:
+                yield base64.b64decode(chunk["bytes_b64"]) if "bytes_b64" in chunk else chunk["value"]
+            index = int(page["next_index"])
+            if page["chunks"]:
+                continue
+            if page["closed"] or self.status.terminal:
+                final = self._client.call("read_stream", {"run_id": self.id, "name": name, "start": index})
+                if not final["chunks"]:
+                    return
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"stream {name!r} of run {self.id} did not end within {timeout} s")
+
+    def __repr__(self) -> str:
+        return f"<HTTPRun {self.id}>"

@@ -10,6 +10,7 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     │   └── SchemaVersionError      the database was migrated by a newer celery_workflow
     ├── EventRejected               a transition rule refused an append; nothing was written
     │   ├── EventInvalid            malformed or oversized event (400)
+    │   │   └── EventTooLarge       event data over the size limit (also a PayloadTooLarge)
     │   ├── NotFound                (404)
     │   │   ├── RunNotFound, StepNotFound, HookNotFound, WaitNotFound
     │   ├── EventConflict           (409)
@@ -78,6 +79,12 @@ class EventInvalid(EventRejected):
     """The event is malformed."""
 
     status = 400
+
+
+class EventTooLarge(EventInvalid, PayloadTooLarge):
+    """The event's data is larger than a World stores."""
+
+    status = 413
 
 
 class NotFound(EventRejected, LookupError):

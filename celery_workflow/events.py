@@ -41,6 +41,7 @@ from celery_workflow.errors import (
     EntityExists,
     EntityTerminal,
     EventInvalid,
+    EventTooLarge,
     HookNotFound,
     PayloadError,
     PayloadTooLarge,
@@ -297,7 +298,7 @@ def validate(ev: NewEvent) -> bytes:
     try:
         return codec.dumps(dict(ev.data))
     except PayloadTooLarge as exc:
-        raise EventInvalid(f"{ev.event_type}: {exc}") from exc
+        raise EventTooLarge(f"{ev.event_type}: {exc}") from exc
     except PayloadError as exc:
         raise EventInvalid(f"{ev.event_type}: data is not JSON: {exc}") from exc
 

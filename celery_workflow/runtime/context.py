@@ -118,8 +118,14 @@ def create_hook(token: str | None = None, metadata: Any = None, *, payload_type:
     return _require_replay("create_hook").create_hook(token=token, metadata=metadata, payload_type=payload_type)
 
 
-def create_webhook(*, token: str | None = None, respond_with: Mapping[str, Any] | None = None) -> Webhook:
-    """A hook resumed by an HTTP request to ``webhook.url``; ``wait()`` returns the :class:`WebhookRequest`."""
+def create_webhook(*, token: str | None = None, respond_with: Mapping[str, Any] | str | None = None) -> Webhook:
+    """A hook resumed by an HTTP request to ``webhook.url``; ``wait()`` returns the :class:`WebhookRequest`.
+
+    ``respond_with``: None answers the caller ``202 Accepted``; a mapping ``{"status", "headers", "body"}`` is the
+    fixed response; ``"manual"`` holds the caller until a step calls ``request.respond(...)``.
+    """
+    if isinstance(respond_with, str) and respond_with != "manual":
+        raise ConfigurationError("respond_with must be None, a response mapping, or 'manual'")
     return _require_replay("create_webhook").create_webhook(token=token, respond_with=respond_with)
 
 
@@ -190,12 +196,32 @@ class Hook(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class WebhookRequest:
-    """An HTTP request received by a webhook."""
+    """An HTTP request received by a webhook. JSON-safe, so it can be passed to a step as an argument.
+
+    When the webhook was created with ``respond_with="manual"``, the HTTP caller waits until a step calls
+    :meth:`respond` on this request (or the endpoint's timeout passes).
+    """
 
     method: str
-    headers: dict[str, str]
-    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    body_b64: str = ""
     query: str = ""
+    response_stream: str | None = None
+
+    @classmethod
+    def build(
+        cls,
+        method: str,
+        headers: Mapping[str, str],
+        body: bytes = b"",
+        query: str = "",
+        response_stream: str | None = None,
+    ) -> WebhookRequest:
+        return cls(method, dict(headers), base64.b64encode(body).decode(), query, response_stream)
+
+    @property
+    def body(self) -> bytes:
+        return base64.b64decode(self.body_b64)
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
@@ -203,21 +229,37 @@ class WebhookRequest:
     def text(self) -> str:
         return self.body.decode()
 
+    def respond(self, body: Any = None, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
+        """Answer the waiting HTTP caller (inside a step). ``body``: bytes, str, or a JSON value."""
+        if self.response_stream is None:
+            raise ConfigurationError("this webhook was not created with respond_with='manual'")
+        if isinstance(body, (bytes, bytearray)):
+            content: dict[str, Any] = {"body_b64": base64.b64encode(bytes(body)).decode()}
+        elif isinstance(body, str):
+            content = {"text": body}
+        else:
+            content = {"json": codec.to_json(body)}
+        writer = get_writable(self.response_stream)
+        writer.write({"status": int(status), "headers": dict(headers or {}), **content})
+        writer.close()
+
     def to_payload(self) -> dict[str, Any]:
         return {
             "method": self.method,
             "headers": dict(self.headers),
-            "body_b64": base64.b64encode(self.body).decode(),
+            "body_b64": self.body_b64,
             "query": self.query,
+            "response_stream": self.response_stream,
         }
 
     @classmethod
     def from_payload(cls, data: Mapping[str, Any]) -> WebhookRequest:
         return cls(
             method=str(data.get("method", "POST")),
-            headers=dict(data.get("headers", {})),
-            body=base64.b64decode(data.get("body_b64", "")),
+            headers={str(k): str(v) for k, v in dict(data.get("headers", {})).items()},
+            body_b64=str(data.get("body_b64", "")),
             query=str(data.get("query", "")),
+            response_stream=data.get("response_stream"),
         )
 
 

@@ -335,7 +335,7 @@ class Replay:
         cid, tok = self._hook(token, metadata, is_webhook=False, respond_with=None)
         return Hook(self, cid, tok, payload_type)
 
-    def create_webhook(self, *, token: str | None, respond_with: Mapping[str, Any] | None) -> Webhook:
+    def create_webhook(self, *, token: str | None, respond_with: Mapping[str, Any] | str | None) -> Webhook:
         cid, tok = self._hook(token, None, is_webhook=True, respond_with=respond_with)
         return Webhook(self, cid, tok, self.base_url)
 

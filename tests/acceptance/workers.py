@@ -43,8 +43,9 @@ class Worker:
         self._log_file.close()
 
     def stop(self) -> None:
+        """Warm shutdown: SIGTERM to the main process only, which stops its pool children itself."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -71,6 +71,11 @@ class Model:
             hooks={k: v for k, v in self.hooks.items() if k in keys.hooks},
             waits={k: v for k, v in self.waits.items() if k in keys.waits},
             token_owners={k: v for k, v in self.tokens.items() if k in keys.tokens},
+            created_hooks={
+                str(e.correlation_id)
+                for e in self.log
+                if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT) and e.correlation_id in keys.hooks
+            },
         )
 
     def append(self, batch: list[NewEvent], expected_count: int | None = None) -> Plan:

@@ -1,0 +1,459 @@
+"""HTTP edges: a Flask blueprint serving the RPC endpoint and the webhook endpoint.
+
+    flask_app.register_blueprint(blueprint(wf), url_prefix="/v1/workflow")     # RPC + webhooks
+    flask_app.register_blueprint(webhook_blueprint(wf), url_prefix="/hooks")   # webhooks alone (public)
+    CeleryWorkflow(flask_app, wf)                                              # extension form
+
+``POST {prefix}/rpc`` takes ``{"method": ..., "params": {...}}`` (methods in :data:`METHODS`) and answers JSON:
+``{"result": ...}`` or ``{"error": {"code", "message"}}`` with 400 (malformed body or invalid params), 404 (unknown
+method, workflow, run or token), 405 (not POST), 409 (conflict), 413 (too large), 503 (the World is unreachable).
+Bad input never yields a 500 and never changes anything.
+
+``ANY {prefix}/webhooks/<token>`` resumes a hook created with ``create_webhook()`` (plain hooks are not reachable
+from outside: their tokens may be guessable). It answers 202, the webhook's fixed response, or, for
+``respond_with="manual"``, the response a step gives with ``request.respond(...)`` (504 if none comes in time).
+
+There is no authentication here: expose only :func:`webhook_blueprint` publicly, and wrap :func:`rpc_blueprint` in
+your own authentication (a ``before_request`` on the blueprint, or a private network). This is the only module that
+knows Flask.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from celery_workflow import codec
+from celery_workflow.errors import (
+    CeleryWorkflowError,
+    EventConflict,
+    EventInvalid,
+    HookNotFound,
+    NotFound,
+    PayloadError,
+    PayloadTooLarge,
+    RunNotFound,
+    TooEarly,
+    WorkflowNotFound,
+    WorldError,
+)
+from celery_workflow.events import Event, RunStatus, RunView, StepView
+from celery_workflow.ids import isoformat
+from celery_workflow.runtime.context import WebhookRequest
+
+try:
+    from flask import Blueprint, Flask, Response, current_app, request
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from celery_workflow.errors import ConfigurationError
+
+    raise ConfigurationError("the HTTP edges need Flask: pip install 'celery-workflow[flask]'") from exc
+
+if TYPE_CHECKING:
+    from celery_workflow.app import Workflows
+
+#: Largest request body accepted by the RPC and webhook endpoints.
+MAX_BODY = 1_048_576
+#: Longest a single RPC call may block (``wait`` of get_run / read_stream).
+MAX_WAIT = 30.0
+#: How long a webhook caller waits for a ``respond_with="manual"`` response.
+WEBHOOK_RESPONSE_TIMEOUT = 30.0
+EXTENSION_KEY = "celery_workflow"
+
+
+# -- params ------------------------------------------------------------------------------------------------------------
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+RunId = Field(min_length=1, max_length=200)
+
+
+class StartParams(_Params):
+    workflow: str = Field(min_length=1, max_length=200)
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class GetRunParams(_Params):
+    run_id: str = RunId
+    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
+
+
+class ListRunsParams(_Params):
+    workflow: str | None = Field(default=None, max_length=200)
+    status: Literal["pending", "running", "completed", "failed", "cancelled"] | None = None
+    limit: int = Field(default=100, ge=1, le=1000)
+    cursor: str | None = Field(default=None, max_length=200)
+
+
+class ListEventsParams(_Params):
+    run_id: str = RunId
+    after_slot: int = Field(default=0, ge=0)
+    limit: int = Field(default=1000, ge=1, le=1000)
+
+
+class RunParams(_Params):
+    run_id: str = RunId
+
+
+class CancelParams(_Params):
+    run_id: str = RunId
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+class ResumeHookParams(_Params):
+    token: str = Field(min_length=1, max_length=512)
+    payload: Any = None
+
+
+class ReadStreamParams(_Params):
+    run_id: str = RunId
+    name: str = Field(default="default", min_length=1, max_length=512)
+    start: int = Field(default=0, ge=0)
+    limit: int = Field(default=100, ge=1, le=1000)
+    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
+
+
+# -- JSON views --------------------------------------------------------------------------------------------------------
+
+
+def _time(value: Any) -> str | None:
+    return None if value is None else isoformat(value)
+
+
+def run_json(run: RunView) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "workflow_name": run.workflow_name,
+        "status": run.status.value,
+        "input": run.input,
+        "output": run.output,
+        "error": run.error,
+        "queue": run.queue,
+        "event_count": run.event_count,
+        "created_at": _time(run.created_at),
+        "updated_at": _time(run.updated_at),
+        "started_at": _time(run.started_at),
+        "completed_at": _time(run.completed_at),
+    }
+
+
+def event_json(ev: Event) -> dict[str, Any]:
+    return {
+        "slot": ev.slot,
+        "event_type": ev.event_type.value,
+        "correlation_id": ev.correlation_id,
+        "data": dict(ev.data),
+        "created_at": _time(ev.created_at),
+    }
+
+
+def step_json(step: StepView) -> dict[str, Any]:
+    return {
+        "step_id": step.step_id,
+        "step_name": step.step_name,
+        "status": step.status.value,
+        "attempt": step.attempt,
+        "input": step.input,
+        "output": step.output,
+        "error": step.error,
+        "created_at": _time(step.created_at),
+        "started_at": _time(step.started_at),
+        "completed_at": _time(step.completed_at),
+        "retry_after": _time(step.retry_after),
+    }
+
+
+def chunk_json(index: int, data: bytes) -> dict[str, Any]:
+    value = codec.loads(data)
+    if isinstance(value, bytes):
+        return {"index": index, "bytes_b64": base64.b64encode(value).decode()}
+    return {"index": index, "value": value}
+
+
+# -- the RPC methods ---------------------------------------------------------------------------------------------------
+
+
+class _Methods:
+    def __init__(self, wf: Workflows) -> None:
+        self.wf = wf
+
+    def start(self, p: StartParams) -> dict[str, Any]:
+        view, created = self.wf.runtime.start(p.workflow, p.args, p.kwargs, run_id=p.run_id)
+        return {"run": run_json(view), "created": created}
+
+    def get_run(self, p: GetRunParams) -> dict[str, Any]:
+        world = self.wf.world
+        view = world.wait_for_terminal(p.run_id, p.wait) if p.wait > 0 else world.get_run(p.run_id)
+        return {"run": run_json(view)}
+
+    def list_runs(self, p: ListRunsParams) -> dict[str, Any]:
+        page = self.wf.world.list_runs(workflow=p.workflow, status=p.status, limit=p.limit, cursor=p.cursor)
+        return {"runs": [run_json(r) for r in page.items], "cursor": page.cursor}
+
+    def list_events(self, p: ListEventsParams) -> dict[str, Any]:
+        events = self.wf.world.list_events(p.run_id, after_slot=p.after_slot, limit=p.limit + 1)
+        more = len(events) > p.limit
+        events = events[: p.limit]
+        return {"events": [event_json(e) for e in events], "cursor": events[-1].slot if more else None}
+
+    def list_steps(self, p: RunParams) -> dict[str, Any]:
+        return {"steps": [step_json(s) for s in self.wf.world.list_steps(p.run_id)]}
+
+    def cancel(self, p: CancelParams) -> dict[str, Any]:
+        return {"run": run_json(self.wf.runtime.cancel(p.run_id, p.reason))}
+
+    def resume_hook(self, p: ResumeHookParams) -> dict[str, Any]:
+        hook = self.wf.runtime.resume_hook(p.token, p.payload)
+        return {"hook": {"run_id": hook.run_id, "hook_id": hook.hook_id, "token": hook.token}}
+
+    def read_stream(self, p: ReadStreamParams) -> dict[str, Any]:
+        self.wf.world.get_run(p.run_id)  # 404 for an unknown run rather than an empty stream
+        page = self.wf.world.read_stream(p.run_id, p.name, start=p.start, limit=p.limit, wait=p.wait)
+        return {
+            "chunks": [chunk_json(c.index, c.data) for c in page.chunks],
+            "closed": page.closed,
+            "next_index": page.next_index,
+        }
+
+
+METHODS: dict[str, type[_Params]] = {
+    "start": StartParams,
+    "get_run": GetRunParams,
+    "list_runs": ListRunsParams,
+    "list_events": ListEventsParams,
+    "list_steps": RunParams,
+    "cancel": CancelParams,
+    "resume_hook": ResumeHookParams,
+    "read_stream": ReadStreamParams,
+}
+
+
+# -- errors ------------------------------------------------------------------------------------------------------------
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> Response:
+    body = {"error": {"code": code, "message": message, **extra}}
+    return Response(json.dumps(body, default=str), status=status, mimetype="application/json")
+
+
+def _ok(result: Any, status: int = 200) -> Response:
+    return Response(json.dumps({"result": result}, default=str), status=status, mimetype="application/json")
+
+
+def error_response(exc: BaseException) -> Response:
+    """The JSON error answer for an exception raised while serving a call."""
+    if isinstance(exc, WorkflowNotFound):
+        return _error(404, "workflow_not_found", exc.message)
+    if isinstance(exc, RunNotFound):
+        return _error(404, "run_not_found", exc.message)
+    if isinstance(exc, HookNotFound):
+        return _error(404, "hook_not_found", exc.message)
+    if isinstance(exc, NotFound):
+        return _error(404, "not_found", exc.message)
+    if isinstance(exc, PayloadTooLarge):
+        return _error(413, "payload_too_large", exc.message)
+    if isinstance(exc, (PayloadError, EventInvalid)):
+        return _error(400, "invalid_params", exc.message)
+    if isinstance(exc, TooEarly):
+        return _error(409, "too_early", exc.message)
+    if isinstance(exc, EventConflict):
+        return _error(409, "conflict", exc.message)
+    if isinstance(exc, WorldError):
+        return _error(503, "unavailable", exc.message)
+    if isinstance(exc, CeleryWorkflowError):
+        return _error(400, "invalid_request", exc.message)
+    raise exc
+
+
+def _read_body(limit: int) -> bytes | Response:
+    length = request.content_length
+    if length is not None and length > limit:
+        return _error(413, "payload_too_large", f"request body of {length} bytes exceeds {limit} bytes")
+    data = request.stream.read(limit + 1)
+    if len(data) > limit:
+        return _error(413, "payload_too_large", f"request body exceeds {limit} bytes")
+    return data
+
+
+# -- blueprints --------------------------------------------------------------------------------------------------------
+
+
+def _rpc_view(wf: Workflows, max_body: int) -> Callable[[], Response]:
+    methods = _Methods(wf)
+
+    def rpc() -> Response:
+        if request.method != "POST":
+            resp = _error(405, "method_not_allowed", "the RPC endpoint takes POST")
+            resp.headers["Allow"] = "POST"
+            return resp
+        body = _read_body(max_body)
+        if isinstance(body, Response):
+            return body
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return _error(400, "invalid_request", f"the body is not JSON: {exc}")
+        if not isinstance(doc, dict) or not isinstance(doc.get("method"), str):
+            return _error(400, "invalid_request", 'the body must be {"method": "...", "params": {...}}')
+        extra = set(doc) - {"method", "params"}
+        if extra:
+            return _error(400, "invalid_request", f"unknown top-level fields: {sorted(extra)}")
+        name = doc["method"]
+        model = METHODS.get(name)
+        if model is None:
+            return _error(404, "method_not_found", f"no RPC method {name!r}; methods: {sorted(METHODS)}")
+        raw = doc.get("params", {})
+        if not isinstance(raw, dict):
+            return _error(400, "invalid_params", "params must be an object")
+        try:
+            params = model.model_validate(raw)
+        except ValidationError as exc:
+            details = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
+            return _error(400, "invalid_params", f"invalid params for {name}", details=details)
+        try:
+            return _ok(getattr(methods, name)(params))
+        except CeleryWorkflowError as exc:
+            return error_response(exc)
+
+    return rpc
+
+
+def _webhook_view(wf: Workflows, max_body: int, response_timeout: float) -> Callable[[str], Response]:
+    def webhook(token: str) -> Response:
+        try:
+            hook = wf.world.get_hook_by_token(token)
+        except CeleryWorkflowError as exc:
+            return error_response(exc)
+        if not hook.is_webhook:
+            return _error(404, "hook_not_found", f"no webhook has token {token!r}")
+        body = _read_body(max_body)
+        if isinstance(body, Response):
+            return body
+        manual = hook.respond_with == "manual"
+        stream = f"__webhook_response__:{uuid.uuid4().hex}" if manual else None
+        req = WebhookRequest.build(
+            request.method,
+            {k: v for k, v in request.headers.items()},
+            body,
+            request.query_string.decode("latin-1"),
+            response_stream=stream,
+        )
+        try:
+            wf.runtime.resume_webhook(token, req)
+        except CeleryWorkflowError as exc:
+            return error_response(exc)
+        if stream is not None:
+            return _await_response(wf, hook.run_id, stream, response_timeout)
+        fixed = hook.respond_with
+        if isinstance(fixed, dict):
+            return _fixed_response(fixed)
+        return Response(json.dumps({"accepted": True}), status=202, mimetype="application/json")
+
+    return webhook
+
+
+def _fixed_response(spec: dict[str, Any]) -> Response:
+    body = spec.get("body", "")
+    payload = body if isinstance(body, str) else json.dumps(body)
+    resp = Response(payload, status=int(spec.get("status", 200)))
+    for key, value in dict(spec.get("headers", {})).items():
+        resp.headers[str(key)] = str(value)
+    if not isinstance(body, str) and "content-type" not in {k.lower() for k in dict(spec.get("headers", {}))}:
+        resp.mimetype = "application/json"
+    return resp
+
+
+def _await_response(wf: Workflows, run_id: str, stream: str, timeout: float) -> Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        page = wf.world.read_stream(run_id, stream, start=0, limit=1, wait=max(0.0, min(left, 5.0)))
+        if page.chunks:
+            spec = codec.loads(page.chunks[0].data)
+            resp = Response(status=int(spec.get("status", 200)))
+            if "body_b64" in spec:
+                resp.set_data(base64.b64decode(spec["body_b64"]))
+            elif "text" in spec:
+                resp.set_data(spec["text"])
+            else:
+                resp.set_data(json.dumps(spec.get("json")))
+                resp.mimetype = "application/json"
+            for key, value in dict(spec.get("headers", {})).items():
+                resp.headers[str(key)] = str(value)
+            return resp
+        if left <= 0:
+            return _error(504, "response_timeout", f"the workflow did not respond within {timeout:g} s")
+        if wf.world.get_run(run_id).status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+            return _error(502, "no_response", "the run ended without responding")
+
+
+def rpc_blueprint(wf: Workflows, *, name: str = "celery_workflow_rpc", max_body: int = MAX_BODY) -> Blueprint:
+    """The RPC endpoint alone: ``POST /rpc``. Put it behind your own authentication."""
+    bp = Blueprint(name, __name__)
+    bp.add_url_rule("/rpc", "rpc", _rpc_view(wf, max_body), methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    return bp
+
+
+def webhook_blueprint(
+    wf: Workflows,
+    *,
+    name: str = "celery_workflow_webhooks",
+    max_body: int = MAX_BODY,
+    response_timeout: float = WEBHOOK_RESPONSE_TIMEOUT,
+) -> Blueprint:
+    """The webhook endpoint alone: ``ANY /webhooks/<token>``; safe to expose publicly (authorised by its token)."""
+    bp = Blueprint(name, __name__)
+    bp.add_url_rule(
+        "/webhooks/<path:token>",
+        "webhook",
+        _webhook_view(wf, max_body, response_timeout),
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    )
+    return bp
+
+
+def blueprint(wf: Workflows, *, name: str = "celery_workflow", max_body: int = MAX_BODY) -> Blueprint:
+    """RPC and webhooks together; register it under a prefix, e.g. ``url_prefix="/v1/workflow"``."""
+    bp = Blueprint(name, __name__)
+    bp.register_blueprint(rpc_blueprint(wf, max_body=max_body))
+    bp.register_blueprint(webhook_blueprint(wf, max_body=max_body))
+    return bp
+
+
+class CeleryWorkflow:
+    """Flask extension form: ``CeleryWorkflow(app, wf)`` or ``ext = CeleryWorkflow(wf=wf); ext.init_app(app)``.
+
+    Registers :func:`blueprint` under ``url_prefix`` and keeps the Workflows in ``app.extensions``; the extension
+    object keeps no reference to the app.
+    """
+
+    def __init__(
+        self, app: Flask | None = None, wf: Workflows | None = None, *, url_prefix: str = "/v1/workflow"
+    ) -> None:
+        self.wf = wf
+        self.url_prefix = url_prefix
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask, wf: Workflows | None = None) -> None:
+        workflows = wf or self.wf
+        if workflows is None:
+            raise TypeError("CeleryWorkflow needs the Workflows to serve")
+        app.extensions[EXTENSION_KEY] = workflows
+        app.register_blueprint(blueprint(workflows), url_prefix=self.url_prefix)
+
+    @staticmethod
+    def current() -> Workflows:
+        """The Workflows of the current Flask app."""
+        wf: Workflows = current_app.extensions[EXTENSION_KEY]
+        return wf

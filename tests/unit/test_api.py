@@ -1,0 +1,236 @@
+"""The RPC and webhook endpoints through Flask's test client: every method, every error status, and a fuzz test."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from celery_workflow import Workflows, create_hook, create_webhook, get_writable
+from celery_workflow.api import METHODS, CeleryWorkflow, blueprint, rpc_blueprint, webhook_blueprint
+from celery_workflow.testing import LocalWorker
+
+
+@pytest.fixture
+def flows(wf: Workflows) -> Workflows:
+    @wf.step
+    def emit(n: int) -> None:
+        out = get_writable()
+        for i in range(n):
+            out.write({"i": i})
+        out.write(b"\xff")
+        out.close()
+
+    @wf.workflow
+    def emitter(n: int) -> int:
+        emit(n)
+        return n
+
+    @wf.workflow
+    def hooked() -> Any:
+        return create_hook(token="api-hook").wait()
+
+    @wf.workflow
+    def webhooked() -> Any:
+        return create_webhook(token="api-webhook").wait().json()
+
+    return wf
+
+
+@pytest.fixture
+def http(flows: Workflows) -> FlaskClient:
+    app = Flask("test")
+    app.register_blueprint(flows.blueprint(), url_prefix="/v1/workflow")
+    return app.test_client()
+
+
+def rpc(http: FlaskClient, method: str, **params: Any) -> tuple[int, Any]:
+    resp = http.post("/v1/workflow/rpc", json={"method": method, "params": params})
+    return resp.status_code, resp.get_json()
+
+
+def test_start_get_list_events_steps_cancel(http: FlaskClient, flows: Workflows, worker: LocalWorker) -> None:
+    status, body = rpc(http, "start", workflow="emitter", args=[2])
+    assert status == 200 and body["result"]["created"] is True
+    run_id = body["result"]["run"]["run_id"]
+    worker.run_until_idle()
+    status, body = rpc(http, "get_run", run_id=run_id)
+    assert body["result"]["run"]["status"] == "completed" and body["result"]["run"]["output"] == 2
+    status, body = rpc(http, "start", workflow="emitter", args=[2], run_id=run_id)
+    assert body["result"]["created"] is False
+    _, body = rpc(http, "list_events", run_id=run_id, limit=3)
+    first = body["result"]["events"]
+    assert [e["slot"] for e in first] == [1, 2, 3] and body["result"]["cursor"] == 3
+    _, body = rpc(http, "list_events", run_id=run_id, after_slot=3)
+    assert body["result"]["events"][-1]["event_type"] == "run_completed" and body["result"]["cursor"] is None
+    _, body = rpc(http, "list_steps", run_id=run_id)
+    assert body["result"]["steps"][0]["step_name"] == "emit"
+    _, body = rpc(http, "read_stream", run_id=run_id, start=1)
+    assert body["result"]["chunks"] == [{"index": 1, "value": {"i": 1}}, {"index": 2, "bytes_b64": "/w=="}]
+    assert body["result"]["closed"] is True
+    status, body = rpc(http, "cancel", run_id=run_id)
+    assert status == 409 and body["error"]["code"] == "conflict"
+
+
+def test_list_runs_pages_with_a_cursor(http: FlaskClient, flows: Workflows) -> None:
+    ids = [rpc(http, "start", workflow="emitter", args=[0])[1]["result"]["run"]["run_id"] for _ in range(5)]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 2, "workflow": "emitter"}
+        if cursor:
+            params["cursor"] = cursor
+        _, body = rpc(http, "list_runs", **params)
+        seen += [r["run_id"] for r in body["result"]["runs"]]
+        cursor = body["result"]["cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(ids, reverse=True)
+
+
+def test_resume_hook_and_cancel(http: FlaskClient, flows: Workflows, worker: LocalWorker) -> None:
+    run_id = rpc(http, "start", workflow="hooked")[1]["result"]["run"]["run_id"]
+    worker.run_until_idle()
+    status, body = rpc(http, "resume_hook", token="api-hook", payload={"ok": 1})
+    assert status == 200 and body["result"]["hook"]["run_id"] == run_id
+    worker.run_until_idle()
+    assert rpc(http, "get_run", run_id=run_id)[1]["result"]["run"]["output"] == {"ok": 1}
+    other = rpc(http, "start", workflow="hooked")[1]["result"]["run"]["run_id"]
+    worker.run_until_idle()
+    status, body = rpc(http, "cancel", run_id=other, reason="test")
+    assert status == 200 and body["result"]["run"]["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"not json", 400, "invalid_request"),
+        (b"[1, 2]", 400, "invalid_request"),
+        (b'{"method": 3}', 400, "invalid_request"),
+        (b'{"method": "start", "params": [], "x": 1}', 400, "invalid_request"),
+        (b'{"method": "nope"}', 404, "method_not_found"),
+        (b'{"method": "start", "params": []}', 400, "invalid_params"),
+        (b'{"method": "start", "params": {"workflow": 5}}', 400, "invalid_params"),
+        (b'{"method": "start", "params": {"workflow": "x", "bogus": 1}}', 400, "invalid_params"),
+        (b'{"method": "list_runs", "params": {"limit": 0}}', 400, "invalid_params"),
+        (b'{"method": "list_runs", "params": {"status": "sleeping"}}', 400, "invalid_params"),
+        (b'{"method": "get_run", "params": {"run_id": "wrun_x", "wait": 99}}', 400, "invalid_params"),
+        (b'{"method": "start", "params": {"workflow": "unknown"}}', 404, "workflow_not_found"),
+        (b'{"method": "start", "params": {"workflow": "emitter", "args": ["x", "y"]}}', 400, "invalid_params"),
+        (
+            b'{"method": "start", "params": {"workflow": "emitter", "args": [1], "run_id": "a b"}}',
+            400,
+            "invalid_params",
+        ),
+        (b'{"method": "get_run", "params": {"run_id": "wrun_missing"}}', 404, "run_not_found"),
+        (b'{"method": "read_stream", "params": {"run_id": "wrun_missing"}}', 404, "run_not_found"),
+        (b'{"method": "resume_hook", "params": {"token": "missing"}}', 404, "hook_not_found"),
+    ],
+)
+def test_bad_requests_get_typed_errors(
+    http: FlaskClient, flows: Workflows, body: bytes, status: int, code: str
+) -> None:
+    resp = http.post("/v1/workflow/rpc", data=body, content_type="application/json")
+    assert resp.status_code == status, resp.get_json()
+    assert resp.get_json()["error"]["code"] == code
+    assert flows.list_runs() == []
+
+
+def test_too_large_and_wrong_method(http: FlaskClient, flows: Workflows) -> None:
+    big = json.dumps({"method": "start", "params": {"workflow": "emitter", "args": ["x" * 2_000_000]}})
+    resp = http.post("/v1/workflow/rpc", data=big, content_type="application/json")
+    assert resp.status_code == 413 and resp.get_json()["error"]["code"] == "payload_too_large"
+    resp = http.get("/v1/workflow/rpc")
+    assert resp.status_code == 405 and resp.headers["Allow"] == "POST"
+    payload = {"method": "start", "params": {"workflow": "emitter", "args": ["y" * 400_000]}}
+    resp = http.post("/v1/workflow/rpc", json=payload)  # under the body limit, over the payload limit
+    assert resp.status_code == 413
+    assert flows.list_runs() == []
+
+
+def test_webhook_endpoint(http: FlaskClient, flows: Workflows, worker: LocalWorker) -> None:
+    rpc(http, "start", workflow="hooked")
+    run_id = rpc(http, "start", workflow="webhooked")[1]["result"]["run"]["run_id"]
+    worker.run_until_idle()
+    assert http.post("/v1/workflow/webhooks/api-hook", json={}).status_code == 404  # a plain hook
+    assert http.post("/v1/workflow/webhooks/unknown", json={}).status_code == 404
+    resp = http.post("/v1/workflow/webhooks/api-webhook", json={"paid": True})
+    assert resp.status_code == 202
+    worker.run_until_idle()
+    assert rpc(http, "get_run", run_id=run_id)[1]["result"]["run"]["output"] == {"paid": True}
+
+
+def test_blueprints_alone_and_extension(flows: Workflows) -> None:
+    public = Flask("public")
+    public.register_blueprint(webhook_blueprint(flows), url_prefix="/hooks")
+    assert public.test_client().post("/hooks/rpc", json={}).status_code == 404  # no RPC on the public app
+    private = Flask("private")
+    private.register_blueprint(rpc_blueprint(flows), url_prefix="/internal")
+    assert private.test_client().post("/internal/rpc", json={"method": "list_runs"}).status_code == 200
+    app = Flask("ext")
+    ext = CeleryWorkflow(wf=flows)
+    ext.init_app(app)
+    assert app.extensions["celery_workflow"] is flows
+    assert app.test_client().post("/v1/workflow/rpc", json={"method": "list_runs"}).status_code == 200
+    with app.app_context():
+        assert CeleryWorkflow.current() is flows
+    both = Flask("both")
+    both.register_blueprint(blueprint(flows, name="a"), url_prefix="/a")
+    assert both.test_client().post("/a/rpc", json={"method": "list_runs"}).status_code == 200
+
+
+# -- fuzz ------------------------------------------------------------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+_names = st.sampled_from(sorted(METHODS)) | st.text(max_size=12)
+_keys = st.sampled_from(
+    [
+        "workflow",
+        "args",
+        "kwargs",
+        "run_id",
+        "wait",
+        "status",
+        "limit",
+        "cursor",
+        "after_slot",
+        "token",
+        "payload",
+        "name",
+        "start",
+        "reason",
+        "x",
+    ]
+)
+_params = st.dictionaries(_keys, _json, max_size=5) | _json
+_bodies = st.builds(lambda m, p: json.dumps({"method": m, "params": p}).encode(), _names, _params) | st.binary(
+    max_size=64
+)
+
+
+def _state(wf: Workflows) -> Any:
+    runs = wf.world.list_runs(limit=1000).items
+    return [(r, wf.world.list_events(r.run_id)) for r in runs]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_bodies)
+def test_fuzzed_rpc_bodies_never_500_and_never_change_state_on_error(
+    http: FlaskClient, flows: Workflows, body: bytes
+) -> None:
+    before = _state(flows)
+    resp = http.post("/v1/workflow/rpc", data=body, content_type="application/json")
+    assert resp.status_code in (200, 400, 404, 409, 413), (resp.status_code, resp.get_data())
+    data = resp.get_json()
+    if resp.status_code != 200:
+        assert set(data["error"]) >= {"code", "message"}
+        assert _state(flows) == before
