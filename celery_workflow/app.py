@@ -281,7 +281,8 @@ class Workflows:
         runtime = self.runtime
 
         def run_workflow(task: Any, run_id: str) -> str:
-            return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), attempt=_attempt(task))
+            attempt, receipt = _claim(task)
+            return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), attempt=attempt, receipt=receipt)
 
         run_workflow.__name__ = run_workflow.__qualname__ = f"workflow_{wdef.name}"
         self.celery_app.task(name=workflow_task_name(wdef.name), **self._task_options())(run_workflow)
@@ -290,7 +291,10 @@ class Workflows:
         runtime = self.runtime
 
         def run_step(task: Any, run_id: str, step_id: str) -> str:
-            return runtime.handle_step(run_id, step_id, delivery_id=str(task.request.id), attempt=_attempt(task))
+            attempt, receipt = _claim(task)
+            return runtime.handle_step(
+                run_id, step_id, delivery_id=str(task.request.id), attempt=attempt, receipt=receipt
+            )
 
         run_step.__name__ = run_step.__qualname__ = f"step_{sdef.name}"
         self.celery_app.task(name=step_task_name(sdef.name), **self._task_options())(run_step)
@@ -334,11 +338,16 @@ class Workflows:
         self.world.close()
 
 
-def _attempt(task: Any) -> int:
-    """How many times this delivery has been received (the transport counts; Celery keeps it in the properties)."""
+def _claim(task: Any) -> tuple[int, str | None]:
+    """How many times this delivery was received, and the transport's receipt of this claim (if it is ours).
+
+    Our transports put both in ``delivery_info``; Celery keeps that in the request's message properties.
+    """
     properties = getattr(task.request, "properties", None) or {}
     info = properties.get("delivery_info") or {}
+    receipt = info.get("cw_receipt")
     try:
-        return max(1, int(info.get("cw_attempts", 1)))
+        attempt = max(1, int(info.get("cw_attempts", 1)))
     except (TypeError, ValueError):
-        return 1
+        attempt = 1
+    return attempt, str(receipt) if receipt else None

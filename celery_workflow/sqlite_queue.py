@@ -157,11 +157,18 @@ class SQLiteQueue:
 
     def ack(self, receipt: str) -> None:
         """Delete the claimed row; no-op when the receipt is stale."""
-        row_id, attempts = parse_receipt(receipt)
         with self._write() as conn:
+            self.delete_claim(conn, receipt)
+
+    def delete_claim(self, conn: sqlite3.Connection, receipt: str) -> None:
+        """Delete the claimed row in the caller's open transaction; no-op when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        try:
             conn.execute(
                 f"DELETE FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL", (row_id, attempts)
             )
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: cannot ack {receipt}: {exc}") from exc
 
     def release(self, receipt: str) -> None:
         """Clear the lease: the row is claimable again at once, keeping its place (due time). No-op when stale."""

@@ -123,8 +123,17 @@ class World(Protocol):
         *,
         expected_count: int | None = None,
         deliveries: Sequence[Delivery] = (),
+        ack: str | None = None,
+        durable: bool = True,
     ) -> AppendResult:
-        """Append a batch at the next slots, apply it to the views and store the deliveries, all or nothing."""
+        """Append a batch at the next slots, apply it to the views and store the deliveries, all or nothing.
+
+        ``ack``: the receipt of a claimed delivery to delete in the same transaction (a stale receipt deletes
+        nothing). ``durable=False`` lets the World commit without waiting for the write to reach disk (Postgres:
+        ``synchronous_commit = off``): the write is visible at once and becomes durable with the next durable commit
+        of the database. The runtime uses it for the intermediate writes of a delivery, whose last write is durable
+        and acks the delivery, so a database crash in between only re-runs that delivery.
+        """
         ...
 
     def get_run(self, run_id: str) -> RunView: ...

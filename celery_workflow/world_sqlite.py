@@ -314,6 +314,8 @@ class SQLiteWorld:
         *,
         expected_count: int | None = None,
         deliveries: Sequence[Delivery] = (),
+        ack: str | None = None,
+        durable: bool = True,  # WAL with synchronous=NORMAL never waits for fsync at commit: nothing to relax
     ) -> AppendResult:
         check_deliveries(deliveries)
         batch = normalise(events)
@@ -323,6 +325,8 @@ class SQLiteWorld:
             plan = rules.plan_append(snapshot, batch, now=ids.utcnow(), expected_count=expected_count)
             self._write_plan(conn, plan)
             self.store.insert(conn, deliveries)
+            if ack is not None:
+                self.store.delete_claim(conn, ack)
         return AppendResult(plan.events, plan.run)
 
     def _snapshot(self, conn: sqlite3.Connection, run_id: str, keys: rules.Keys) -> rules.Snapshot:

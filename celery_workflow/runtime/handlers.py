@@ -31,7 +31,7 @@ from celery_workflow.errors import (
     WorldError,
 )
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
-from celery_workflow.ids import new_run_id, to_micros, utcnow
+from celery_workflow.ids import isoformat, new_run_id, to_micros, utcnow
 from celery_workflow.runtime import steps
 from celery_workflow.runtime.context import WebhookRequest
 from celery_workflow.runtime.registry import Registry, StepDef
@@ -138,8 +138,12 @@ class Runtime:
 
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
-    def handle_workflow(self, run_id: str, *, delivery_id: str, attempt: int = 1) -> str:
-        """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests)."""
+    def handle_workflow(self, run_id: str, *, delivery_id: str, attempt: int = 1, receipt: str | None = None) -> str:
+        """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests).
+
+        ``receipt`` (the transport's claim of this delivery) lets the last write delete the delivery in the same
+        transaction; the writes before it are not made durable one by one (see ``World.append(durable=...)``).
+        """
         started = time.monotonic()
         for _ in range(MAX_RESTARTS):
             try:
@@ -152,12 +156,14 @@ class Runtime:
             wdef = self.registry.workflow(run.workflow_name)
             if run.status is RunStatus.PENDING:
                 try:
-                    self.world.append(run_id, [NewEvent(EventType.RUN_STARTED)], expected_count=run.event_count)
+                    self.world.append(
+                        run_id, [NewEvent(EventType.RUN_STARTED)], expected_count=run.event_count, durable=False
+                    )
                 except (StaleLog, RunTerminal):
                     pass
                 continue
             events = self.world.list_events(run_id)
-            effects = _WorkflowEffects(self, run, delivery_id, started)
+            effects = _WorkflowEffects(self, run, delivery_id, started, receipt)
             replay = Replay(
                 run=run, wdef=wdef, registry=self.registry, effects=effects, events=events, base_url=self.base_url
             )
@@ -173,23 +179,28 @@ class Runtime:
 
     def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
         if outcome.kind == "completed":
-            replay._write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})])
+            replay._write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
             return "completed"
         if outcome.kind == "failed":
-            replay._write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})])
+            replay._write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)
             return "failed"
         if outcome.kind == "diverged":
             message = str((outcome.error or {}).get("message", "replay divergence"))
             if attempt <= self.divergence_retries:
                 raise ReplayDivergence(f"run {run.run_id}: {message} (attempt {attempt}, will retry)")
             log.error("run %s diverged from its event log: %s", run.run_id, message)
-            replay._write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error, "code": "REPLAY_DIVERGENCE"})])
+            replay._write(
+                [NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error, "code": "REPLAY_DIVERGENCE"})],
+                final=True,
+            )
             return "failed"
         deliveries: list[Delivery] = []
         if replay.open_waits:
             deliveries.append(self.wake_delivery(run, not_before=min(replay.open_waits.values())))
         if replay.pending:
-            written = replay._write([], deliveries)
+            # a new hook may come back as hook_conflict, which needs another replay: keep the delivery until then
+            creates_hooks = any(ev.event_type is EventType.HOOK_CREATED for ev in replay.pending)
+            written = replay._write([], deliveries, final=not creates_hooks)
             if any(ev.event_type is EventType.HOOK_CONFLICT for ev in written):
                 raise Restart()  # replay again so the workflow sees the conflict
         elif deliveries or replay.pending_deliveries:
@@ -198,7 +209,9 @@ class Runtime:
 
     # -- step deliveries -------------------------------------------------------------------------------------------
 
-    def handle_step(self, run_id: str, step_id: str, *, delivery_id: str, attempt: int = 1) -> str:
+    def handle_step(
+        self, run_id: str, step_id: str, *, delivery_id: str, attempt: int = 1, receipt: str | None = None
+    ) -> str:
         """Run one attempt of a queued step, record its outcome, and wake the workflow (or schedule the retry)."""
         try:
             run = self.world.get_run(run_id)
@@ -216,7 +229,9 @@ class Runtime:
             return "owned"
         queue = self._step_queue(run, sdef)
         try:
-            res = self.world.append(run_id, [NewEvent(EventType.STEP_STARTED, step_id, {"owner": delivery_id})])
+            res = self.world.append(
+                run_id, [NewEvent(EventType.STEP_STARTED, step_id, {"owner": delivery_id})], durable=False
+            )
         except TooEarly as exc:
             self.world.enqueue(
                 [
@@ -235,7 +250,7 @@ class Runtime:
         n = int(started.data["attempt"])
         if n > sdef.max_retries + 1:
             error = {"type": "MaxRetriesExceeded", "message": f"step {sdef.name} started {n} times"}
-            return self._record_step(run, step_id, NewEvent(EventType.STEP_FAILED, step_id, {"error": error}))
+            return self._record_step(run, step_id, NewEvent(EventType.STEP_FAILED, step_id, {"error": error}), receipt)
         outcome = steps.execute(
             self.world,
             sdef,
@@ -247,27 +262,25 @@ class Runtime:
             started_at=started.created_at,
         )
         if outcome.ok:
-            return self._record_step(
-                run, step_id, NewEvent(EventType.STEP_COMPLETED, step_id, {"result": outcome.result})
-            )
+            completed = NewEvent(EventType.STEP_COMPLETED, step_id, {"result": outcome.result})
+            return self._record_step(run, step_id, completed, receipt)
         if outcome.fatal or n >= sdef.max_retries + 1:
-            return self._record_step(run, step_id, NewEvent(EventType.STEP_FAILED, step_id, {"error": outcome.error}))
+            failed = NewEvent(EventType.STEP_FAILED, step_id, {"error": outcome.error})
+            return self._record_step(run, step_id, failed, receipt)
         when = steps.retry_at(sdef, outcome, n, self.clock())
-        from celery_workflow.ids import isoformat
-
         retry = NewEvent(EventType.STEP_RETRYING, step_id, {"error": outcome.error, "retry_after": isoformat(when)})
         again = self.dispatcher.step_delivery(run_id, run.workflow_name, sdef.name, step_id, queue, not_before=when)
         try:
-            self.world.append(run_id, [retry], deliveries=[again])
+            self.world.append(run_id, [retry], deliveries=[again], ack=receipt)
         except RunTerminal:
             return "ended"
         except EntityTerminal:
             return "done"
         return "retrying"
 
-    def _record_step(self, run: RunView, step_id: str, event: NewEvent) -> str:
+    def _record_step(self, run: RunView, step_id: str, event: NewEvent, receipt: str | None) -> str:
         try:
-            self.world.append(run.run_id, [event], deliveries=[self.wake_delivery(run)])
+            self.world.append(run.run_id, [event], deliveries=[self.wake_delivery(run)], ack=receipt)
         except EntityTerminal:
             self.world.enqueue([self.wake_delivery(run)])
             return "duplicate"
@@ -277,19 +290,27 @@ class Runtime:
 class _WorkflowEffects:
     """The I/O of one replay: appends relative to what the replay has seen, step execution, the time budget."""
 
-    def __init__(self, runtime: Runtime, run: RunView, delivery_id: str, started: float) -> None:
+    def __init__(self, runtime: Runtime, run: RunView, delivery_id: str, started: float, receipt: str | None) -> None:
         self.runtime = runtime
         self.run = run
         self.delivery_id = delivery_id
         self.started = started
+        self.receipt = receipt
         self.replay: Replay | None = None
 
-    def append(self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool) -> list[Event]:
+    def append(
+        self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
+    ) -> list[Event]:
         assert self.replay is not None
         expected = self.replay.count if conditional else None
         try:
             return self.runtime.world.append(
-                self.run.run_id, events, expected_count=expected, deliveries=deliveries
+                self.run.run_id,
+                events,
+                expected_count=expected,
+                deliveries=deliveries,
+                ack=self.receipt if final else None,
+                durable=final,
             ).events
         except (StaleLog, EntityExists, EntityTerminal):
             raise Restart() from None

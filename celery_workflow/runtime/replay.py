@@ -53,8 +53,13 @@ class Effects(Protocol):
 
     delivery_id: str
 
-    def append(self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool) -> list[Event]:
-        """Append at the replay's event count (``conditional``: raise Restart if it moved) or at the next slot."""
+    def append(
+        self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
+    ) -> list[Event]:
+        """Append at the replay's event count (``conditional``: raise Restart if it moved) or at the next slot.
+
+        ``final``: the delivery's last write, durable and acking the delivery; earlier writes need not be durable.
+        """
         ...
 
     def wall_now(self) -> datetime: ...
@@ -153,11 +158,13 @@ class Replay:
     def _of(self, cid: str, kind: EventType) -> list[Event]:
         return [e for e in self.by_cid.get(cid, ()) if e.event_type is kind]
 
-    def _write(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
+    def _write(
+        self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = (), *, final: bool = False
+    ) -> list[Event]:
         """Write pending creations + ``extra`` conditionally on the count this replay has seen."""
         batch = [*self.pending, *extra]
         dels = [*self.pending_deliveries, *deliveries]
-        written = self.effects.append(batch, dels, conditional=True)
+        written = self.effects.append(batch, dels, conditional=True, final=final)
         self.pending.clear()
         self.pending_deliveries.clear()
         self._absorb(written)

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import time
 
-from celery_workflow.testing._conformance import claim_one, delivery, drain, eventually, in_seconds, unique
+import pytest
+
+from celery_workflow.errors import EntityExists
+from celery_workflow.events import EventType
+from celery_workflow.testing._conformance import (
+    claim_one,
+    create,
+    delivery,
+    drain,
+    eventually,
+    ev,
+    in_seconds,
+    step_created,
+    unique,
+)
 from celery_workflow.world import ClaimedDelivery, World
 
 
@@ -21,6 +35,23 @@ class QueueConformance:
         assert claim_one(world, queue) is None  # leased
         world.ack(claimed.receipt)
         assert drain(world, queue) == []
+
+    def test_append_acks_the_claimed_delivery_in_the_same_write(self, world: World) -> None:
+        run = create(world, started=True)
+        queue = unique("q")
+        world.enqueue([delivery(queue, b"trigger", run_id=run.run_id), delivery(queue, b"other", run_id=run.run_id)])
+        first = claim_one(world, queue)
+        second = claim_one(world, queue)
+        assert first is not None and second is not None
+        with pytest.raises(EntityExists):  # a rejected append acks nothing
+            world.append(run.run_id, [step_created("s"), step_created("s")], ack=first.receipt)
+        world.append(run.run_id, [step_created("s")], ack=first.receipt, durable=False)
+        world.release(first.receipt)  # gone with the append: nothing to release
+        world.release(second.receipt)
+        assert [d.payload for d in drain(world, queue)] == [b"other"]
+        stale = ClaimedDelivery(receipt=second.receipt, queue=queue, payload=b"", attempts=1)
+        world.append(run.run_id, [ev(EventType.STEP_STARTED, "s")], ack=stale.receipt)  # stale: deletes nothing
+        assert world.get_run(run.run_id).event_count == 4
 
     def test_claim_only_from_the_named_queues(self, world: World) -> None:
         a, b, c = unique("qa"), unique("qb"), unique("qc")

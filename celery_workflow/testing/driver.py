@@ -75,9 +75,13 @@ class LocalWorker:
         runtime = self.workflows.runtime
         try:
             if task.name.startswith("workflow."):
-                outcome = runtime.handle_workflow(task.args[0], delivery_id=task.id, attempt=claimed.attempts)
+                outcome = runtime.handle_workflow(
+                    task.args[0], delivery_id=task.id, attempt=claimed.attempts, receipt=claimed.receipt
+                )
             elif task.name.startswith("step."):
-                outcome = runtime.handle_step(task.args[0], task.args[1], delivery_id=task.id, attempt=claimed.attempts)
+                outcome = runtime.handle_step(
+                    task.args[0], task.args[1], delivery_id=task.id, attempt=claimed.attempts, receipt=claimed.receipt
+                )
             else:
                 raise LookupError(f"LocalWorker cannot run task {task.name!r}")
         except Exception as exc:

@@ -139,6 +139,8 @@ class MemoryWorld:
         *,
         expected_count: int | None = None,
         deliveries: Sequence[Delivery] = (),
+        ack: str | None = None,
+        durable: bool = True,
     ) -> AppendResult:
         check_deliveries(deliveries)
         batch = normalise(events)
@@ -165,6 +167,8 @@ class MemoryWorld:
             assert run is not None  # plan_append raised RunNotFound otherwise
             self._apply(run, plan)
             self._insert(deliveries)
+            if ack is not None:
+                self._ack(ack)
             self._cond.notify_all()
             return AppendResult(list(plan.events), plan.run)
 
@@ -323,10 +327,13 @@ class MemoryWorld:
     def ack(self, receipt: str) -> None:
         """Delete the delivery if ``receipt`` is its current claim; a stale or unknown receipt is a no-op."""
         with self._cond:
-            q = self._claimed(receipt)
-            if q is not None:
-                del self._receipts[receipt]
-                del self._queue[q.seq]
+            self._ack(receipt)
+
+    def _ack(self, receipt: str) -> None:
+        q = self._claimed(receipt)
+        if q is not None:
+            del self._receipts[receipt]
+            del self._queue[q.seq]
 
     def release(self, receipt: str) -> None:
         """Clear the lease: claimable again at once, keeping its place (due time). A stale receipt is a no-op."""
