@@ -147,6 +147,7 @@ class Workflows:
         routes: Mapping[str, str] | None = None,
         queues: Sequence[str] | None = None,
         inline_budget: float = 30.0,
+        durability: str = "delivery",
         transport_options: Mapping[str, Any] | None = None,
         configure_broker: bool = True,
     ) -> None:
@@ -166,6 +167,7 @@ class Workflows:
             routes=self.routes,
             default_queue=self._default_queue(),
             inline_budget=inline_budget,
+            durability=durability,
         )
         for name, queue in (routes or {}).items():
             self.route(name, queue)

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from celery_workflow import codec
 from celery_workflow.errors import (
+    ConfigurationError,
     EntityExists,
     EntityTerminal,
     EventInvalid,
@@ -74,8 +75,11 @@ class Runtime:
         default_queue: str = DEFAULT_QUEUE,
         inline_budget: float = 30.0,
         divergence_retries: int = 3,
+        durability: str = "delivery",
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
+        if durability not in ("delivery", "step"):
+            raise ConfigurationError("durability must be 'delivery' or 'step'")
         self.world = world
         self.registry = registry
         self.dispatcher = dispatcher
@@ -84,6 +88,9 @@ class Runtime:
         self.default_queue = default_queue
         self.inline_budget = inline_budget
         self.divergence_retries = divergence_retries
+        #: "step": every write is durable when it returns; "delivery": a delivery's writes become durable with its
+        #: last one (one disk flush per delivery; a database crash mid-delivery re-runs that delivery's steps)
+        self.every_write_durable = durability == "step"
         self.clock = clock
 
     # -- queues ----------------------------------------------------------------------------------------------------
@@ -157,7 +164,10 @@ class Runtime:
             if run.status is RunStatus.PENDING:
                 try:
                     self.world.append(
-                        run_id, [NewEvent(EventType.RUN_STARTED)], expected_count=run.event_count, durable=False
+                        run_id,
+                        [NewEvent(EventType.RUN_STARTED)],
+                        expected_count=run.event_count,
+                        durable=self.every_write_durable,
                     )
                 except (StaleLog, RunTerminal):
                     pass
@@ -230,7 +240,9 @@ class Runtime:
         queue = self._step_queue(run, sdef)
         try:
             res = self.world.append(
-                run_id, [NewEvent(EventType.STEP_STARTED, step_id, {"owner": delivery_id})], durable=False
+                run_id,
+                [NewEvent(EventType.STEP_STARTED, step_id, {"owner": delivery_id})],
+                durable=self.every_write_durable,
             )
         except TooEarly as exc:
             self.world.enqueue(
@@ -310,7 +322,7 @@ class _WorkflowEffects:
                 expected_count=expected,
                 deliveries=deliveries,
                 ack=self.receipt if final else None,
-                durable=final,
+                durable=final or self.runtime.every_write_durable,
             ).events
         except (StaleLog, EntityExists, EntityTerminal):
             raise Restart() from None
