@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import socket
-import sys
 import threading
 import time
 import urllib.error
@@ -23,7 +20,7 @@ from celery_workflow import RunNotFound, WorkflowNotFound
 from celery_workflow.client import HTTPClient
 from celery_workflow.errors import HookNotFound
 
-from .workers import APPS, Worker
+from .workers import Worker, imported_app
 
 pytestmark = pytest.mark.acceptance
 
@@ -49,19 +46,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def app(env: dict[str, str]) -> Iterator[ModuleType]:
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.path.insert(0, str(APPS))
-    sys.modules.pop("httpapp", None)
-    module = importlib.import_module("httpapp")
-    yield module
-    sys.modules.pop("httpapp", None)
-    sys.path.remove(str(APPS))
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with imported_app("httpapp", env) as module:
+        yield module
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ routing) use a queue only their worker consumes.
 
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 from celery_workflow import RunCancelled, WorkflowFailed
 from celery_workflow.events import EventType
 
-from .workers import APPS, Worker
+from .workers import APPS, Worker, imported_app
 
 pytestmark = pytest.mark.acceptance
 
@@ -37,19 +36,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def app(env: dict[str, str]) -> Iterator[ModuleType]:
     """The wfapp module imported in the test process (the client side), bound to this module's World."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.path.insert(0, str(APPS))
-    sys.modules.pop("wfapp", None)
-    module = importlib.import_module("wfapp")
-    yield module
-    sys.modules.pop("wfapp", None)
-    sys.path.remove(str(APPS))
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with imported_app("wfapp", env) as module:
+        yield module
 
 
 def start_worker(env: dict[str, str], log: Path, *args: str, **extra: str) -> Worker:

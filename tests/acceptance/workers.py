@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 APPS = Path(__file__).parent / "apps"
 
@@ -52,3 +55,24 @@ class Worker:
                 self.kill()
                 return
         self._log_file.close()
+
+
+@contextmanager
+def imported_app(name: str, env: dict[str, str]) -> Iterator[ModuleType]:
+    """Import the app module ``name`` from ``apps/`` in the test process (the client side), bound to ``env``."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    sys.path.insert(0, str(APPS))
+    sys.modules.pop(name, None)
+    try:
+        yield importlib.import_module(name)
+    finally:
+        module = sys.modules.pop(name, None)
+        if module is not None and hasattr(module, "wf"):
+            module.wf.close()
+        sys.path.remove(str(APPS))
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
