@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench --help``. Results and the commands that produced them: ``bench/RESULTS.md``."""
