@@ -173,6 +173,8 @@ class Workflows:
             self.route(name, queue)
         if configure_broker:
             self._configure_celery(transport_options or {})
+        self._background: Any = None
+        self._connect_worker_signals()
 
     # -- configuration ---------------------------------------------------------------------------------------------
 
@@ -191,6 +193,25 @@ class Workflows:
         }
         conf.worker_prefetch_multiplier = 1
         conf.broker_connection_retry_on_startup = True
+
+    def _connect_worker_signals(self) -> None:
+        """In a worker's main process, run the World's upkeep (e.g. Postgres retention sweeps) while it lives."""
+        from celery import signals
+
+        def ready(sender: Any = None, **_: Any) -> None:
+            if getattr(sender, "app", None) is not self.celery_app:
+                return
+            start = getattr(self.world, "start_retention", None)
+            if callable(start):
+                self._background = start()
+
+        def shutdown(sender: Any = None, **_: Any) -> None:
+            background, self._background = self._background, None
+            if background is not None:
+                background.stop()
+
+        signals.worker_ready.connect(ready, weak=False)
+        signals.worker_shutdown.connect(shutdown, weak=False)
 
     def _check_queue(self, queue: str, what: str) -> str:
         """Known queues: ``queues=`` if given, else Celery's ``task_queues`` if set; otherwise any name goes."""

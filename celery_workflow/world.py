@@ -230,10 +230,8 @@ def open_world(url: str, **options: Any) -> World:
 
         return SQLiteWorld.from_url(url, **options)
     if scheme in ("postgres", "postgresql"):
-        try:
-            from celery_workflow.world_pg import PostgresWorld  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as exc:  # pragma: no cover - until the Postgres World lands
-            raise ConfigurationError(f"the Postgres World is not available: {exc}") from exc
+        from celery_workflow.world_pg import PostgresWorld  # ConfigurationError without the [postgres] extra
+
         world: World = PostgresWorld.open(url, **options)
         return world
     raise ConfigurationError(f"unknown World URL scheme {scheme!r} (expected sqlite:// or postgresql://)")

@@ -1,4 +1,4 @@
-"""Workflows on real `celery -A wfapp worker` processes, on the embedded SQLite World and transport.
+"""Workflows on real `celery -A wfapp worker` processes, on the SQLite World and on the Postgres World.
 
 One worker serves the default queue for most tests; tests that need a worker of their own (one slot, a kill,
 routing) use a queue only their worker consumes.
@@ -20,17 +20,23 @@ import pytest
 from celery_workflow import RunCancelled, WorkflowFailed
 from celery_workflow.events import EventType
 
-from .workers import APPS, Worker, imported_app
+from .workers import APPS, Worker, imported_app, postgres_schema
 
 pytestmark = pytest.mark.acceptance
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    base = tmp_path_factory.mktemp("wf")
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The World the workers and the client share: an embedded SQLite file, or a Postgres schema of its own."""
+    base = tmp_path_factory.mktemp(f"wf-{request.param}")
     markers = base / "markers"
     markers.mkdir()
-    return {"CELERY_WORKFLOW_URL": f"sqlite:///{base / 'world.sqlite3'}", "CW_MARKERS": str(markers), "CW_LEASE": "60"}
+    common = {"CW_MARKERS": str(markers), "CW_LEASE": "60"}
+    if request.param == "sqlite":
+        yield {"CELERY_WORKFLOW_URL": f"sqlite:///{base / 'world.sqlite3'}", **common}
+        return
+    with postgres_schema() as url:
+        yield {"CELERY_WORKFLOW_URL": url, **common}
 
 
 @pytest.fixture(scope="module")

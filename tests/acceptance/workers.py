@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 APPS = Path(__file__).parent / "apps"
 
@@ -76,3 +79,21 @@ def imported_app(name: str, env: dict[str, str]) -> Iterator[ModuleType]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A World URL on a fresh Postgres schema (skips when the server is unreachable); dropped afterwards."""
+    try:
+        from tests.integration import pg_fixtures
+    except pytest.skip.Exception as exc:  # the server is unreachable
+        pytest.skip(str(exc))
+    schema = f"cw_accept_{secrets.token_hex(5)}"
+    with pg_fixtures.admin_connection() as admin:
+        admin.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield pg_fixtures.schema_url(schema)
+    finally:
+        with pg_fixtures.admin_connection() as admin:
+            pg_fixtures.terminate_backends(admin, schema)
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')

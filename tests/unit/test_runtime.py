@@ -254,7 +254,9 @@ def test_webhook_has_a_url_and_returns_the_request(wf: Workflows, worker: LocalW
     worker.run_until_idle()
     (hook,) = wf.world.list_hooks(run.id)
     assert hook.is_webhook
-    wf.runtime.resume_webhook(hook.token, WebhookRequest.build("POST", {"content-type": "application/json"}, b'{"a": 1}'))
+    wf.runtime.resume_webhook(
+        hook.token, WebhookRequest.build("POST", {"content-type": "application/json"}, b'{"a": 1}')
+    )
     worker.run_until_complete(run)
     result = run.result()
     assert result["url"] == f"https://example.test/wf/webhooks/{hook.token}"
