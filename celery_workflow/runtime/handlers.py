@@ -31,7 +31,7 @@ from celery_workflow.errors import (
     TooEarly,
     WorldError,
 )
-from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
+from celery_workflow.events import Event, EventType, HookView, NewEvent, RunView
 from celery_workflow.ids import isoformat, new_run_id, to_micros, utcnow
 from celery_workflow.runtime import steps
 from celery_workflow.runtime.context import WebhookRequest
@@ -161,17 +161,6 @@ class Runtime:
             if run.status.terminal:
                 return "ended"
             wdef = self.registry.workflow(run.workflow_name)
-            if run.status is RunStatus.PENDING:
-                try:
-                    self.world.append(
-                        run_id,
-                        [NewEvent(EventType.RUN_STARTED)],
-                        expected_count=run.event_count,
-                        durable=self.every_write_durable,
-                    )
-                except (StaleLog, RunTerminal):
-                    pass
-                continue
             events = self.world.list_events(run_id)
             effects = _WorkflowEffects(self, run, delivery_id, started, receipt)
             replay = Replay(
@@ -207,7 +196,7 @@ class Runtime:
         deliveries: list[Delivery] = []
         if replay.open_waits:
             deliveries.append(self.wake_delivery(run, not_before=min(replay.open_waits.values())))
-        if replay.pending:
+        if replay.pending or replay.deferred:
             # a new hook may come back as hook_conflict, which needs another replay: keep the delivery until then
             creates_hooks = any(ev.event_type is EventType.HOOK_CREATED for ev in replay.pending)
             written = replay._write([], deliveries, final=not creates_hooks)
@@ -308,6 +297,7 @@ class _WorkflowEffects:
         self.delivery_id = delivery_id
         self.started = started
         self.receipt = receipt
+        self.defer_writes = not runtime.every_write_durable
         self.replay: Replay | None = None
 
     def append(

@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 from celery_workflow import codec
 from celery_workflow.errors import HookConflict, PayloadError, StepFailed
-from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunView
+from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
@@ -52,6 +52,8 @@ class Effects(Protocol):
     """The I/O a replay needs, provided by the delivery handler."""
 
     delivery_id: str
+    #: write step completions (and a pending run's start) with the delivery's next write instead of on their own
+    defer_writes: bool
 
     def append(
         self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
@@ -101,23 +103,40 @@ class Replay:
     creations: list[Event] = field(default_factory=list)
     cursor: int = 0
     count: int = 0
-    clock: datetime = field(init=False)
+    _clock: datetime = field(init=False)
     rng: Random = field(init=False)
     counters: dict[str, int] = field(default_factory=dict)
     pending: list[NewEvent] = field(default_factory=list)
     pending_deliveries: list[Delivery] = field(default_factory=list)
     inline_new: dict[str, _InlineNew] = field(default_factory=dict)
     open_waits: dict[str, datetime] = field(default_factory=dict)
-    metadata: WorkflowMetadata = field(init=False)
+    #: events written with the next write: a pending run's ``run_started``, completions of inline steps
+    deferred: list[NewEvent] = field(default_factory=list)
+    _metadata: WorkflowMetadata = field(init=False)
 
     def __post_init__(self) -> None:
         started = self.run.started_at or self.run.created_at
-        self.clock = started
+        self._clock = started
         self.rng = Random(self.run.run_id)
-        self.metadata = WorkflowMetadata(self.run.run_id, self.run.workflow_name, started, self.base_url)
+        self._metadata = WorkflowMetadata(self.run.run_id, self.run.workflow_name, started, self.base_url)
         loaded, self.events = self.events, []
         self.count = 0
         self._absorb(loaded, written_by_us=False)
+        if self.run.status is RunStatus.PENDING:
+            self.deferred.append(NewEvent(EventType.RUN_STARTED))
+
+    @property
+    def clock(self) -> datetime:
+        """The replay clock. Reading it writes deferred events first, so it is the same on every replay."""
+        if self.deferred:
+            self._write([])
+        return self._clock
+
+    @property
+    def metadata(self) -> WorkflowMetadata:
+        if self.deferred:
+            self._write([])
+        return self._metadata
 
     # -- log bookkeeping -------------------------------------------------------------------------------------------
 
@@ -135,7 +154,7 @@ class Replay:
                     self.cursor = len(self.creations)
 
     def _advance(self, ev: Event) -> None:
-        self.clock = max(self.clock, ev.created_at)
+        self._clock = max(self._clock, ev.created_at)
 
     def _next_id(self, prefix: str) -> str:
         n = self.counters.get(prefix, 0) + 1
@@ -161,20 +180,45 @@ class Replay:
     def _write(
         self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = (), *, final: bool = False
     ) -> list[Event]:
-        """Write pending creations + ``extra`` conditionally on the count this replay has seen."""
-        batch = [*self.pending, *extra]
+        """Write deferred events, pending creations and ``extra``, conditionally on the count this replay has seen.
+
+        When another writer moved the log, deferred step results are still recorded (on their own) before the
+        replay restarts, so no finished step runs again.
+        """
+        batch = [*self.deferred, *self.pending, *extra]
         dels = [*self.pending_deliveries, *deliveries]
-        written = self.effects.append(batch, dels, conditional=True, final=final)
+        try:
+            written = self.effects.append(batch, dels, conditional=True, final=final)
+        except Restart:
+            results = [ev for ev in self.deferred if ev.event_type is EventType.STEP_COMPLETED]
+            if results:
+                self.effects.append(results, [], conditional=False)
+            raise
+        self.deferred.clear()
         self.pending.clear()
         self.pending_deliveries.clear()
         self._absorb(written)
+        self._observe(written)
         return written
 
     def _write_now(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
         """Write at the next slot whatever the count (terminal step events: protected by the one-terminal rule)."""
-        written = self.effects.append(list(extra), list(deliveries), conditional=False)
+        if any(ev.event_type is EventType.RUN_STARTED for ev in self.deferred):
+            self._write([])  # a run's start goes first, conditionally
+        written = self.effects.append([*self.deferred, *extra], list(deliveries), conditional=False)
+        self.deferred.clear()
         self._absorb(written)
+        self._observe(written)
         return written
+
+    def _observe(self, written: Sequence[Event]) -> None:
+        """Advance the clock over the results and start this replay wrote, as replaying them will."""
+        for ev in written:
+            if ev.event_type is EventType.RUN_STARTED:
+                self._clock = ev.created_at
+                self._metadata = WorkflowMetadata(self.run.run_id, self.run.workflow_name, ev.created_at, self.base_url)
+            elif ev.event_type is EventType.STEP_COMPLETED:
+                self._advance(ev)
 
     # -- running ---------------------------------------------------------------------------------------------------
 
@@ -297,7 +341,11 @@ class Replay:
             return self._consume_terminal(done[-1], hint)
         outcome = self.effects.execute_step(sdef, cid, data_input, attempt, started.created_at)
         if outcome.ok:
-            done = self._write_now([NewEvent(EventType.STEP_COMPLETED, cid, {"result": outcome.result})])
+            completed = NewEvent(EventType.STEP_COMPLETED, cid, {"result": outcome.result})
+            if self.effects.defer_writes:
+                self.deferred.append(completed)  # written with the next write; the clock moves then
+                return codec.from_json(outcome.result, hint)
+            done = self._write_now([completed])
             return self._consume_terminal(done[-1], hint)
         if outcome.fatal or attempt >= sdef.max_retries + 1:
             done = self._write_now([NewEvent(EventType.STEP_FAILED, cid, {"error": outcome.error})])

@@ -527,3 +527,59 @@ def test_a_route_to_an_unknown_queue_is_refused(wf: Workflows) -> None:
 
     strict.route("x", "orders")
     assert strict.routes == {"x": "orders"}
+
+
+def test_now_after_an_inline_step_is_the_same_on_replay(wf: Workflows, worker: LocalWorker) -> None:
+    seen: list[str] = []
+
+    @wf.step
+    def work() -> int:
+        return 1
+
+    @wf.step
+    def note(stamp: str) -> None:
+        seen.append(stamp)
+
+    @wf.workflow
+    def stamps() -> list[str]:
+        work()
+        after_first = now().isoformat()  # the step's result is not written yet: reading the clock writes it
+        work()
+        work()
+        after_third = now().isoformat()
+        note(after_third)  # a step argument: a different value on replay would be a divergence
+        create_hook(token="stamps").wait()
+        return [after_first, after_third]
+
+    run = stamps.start()
+    worker.run_until_idle()
+    wf.resume_hook("stamps", None)
+    worker.run_until_complete(run)
+    first, third = run.result()
+    completed = [e.created_at.isoformat() for e in run.events() if e.event_type is EventType.STEP_COMPLETED]
+    assert first == completed[0] and third == completed[2] and seen == [third]
+
+
+def test_sequential_inline_steps_take_one_write_each(wf: Workflows, worker: LocalWorker) -> None:
+    appends: list[int] = []
+    original = wf.world.append
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        appends.append(len(args[1]))
+        return original(*args, **kwargs)
+
+    wf.world.append = counting  # type: ignore[method-assign]
+
+    @wf.step
+    def unit(i: int) -> int:
+        return i
+
+    @wf.workflow
+    def five() -> int:
+        return sum(unit(i) for i in range(5))
+
+    run = five.start()
+    worker.run_until_complete(run)
+    assert run.result() == 10
+    # [run_started, created, started], 4 x [completed, created, started], [completed, run_completed]
+    assert appends == [3, 3, 3, 3, 3, 2]
