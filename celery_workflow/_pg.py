@@ -1,0 +1,290 @@
+"""PostgreSQL plumbing shared by the Postgres World and the Postgres transport.
+
+* :class:`PgDatabase` wraps a psycopg pool. A pool it opened itself (:meth:`PgDatabase.open`) is re-created in a
+  forked child (Celery's prefork pool forks after the app module imported it), so no socket is shared across
+  processes; a caller's pool is the caller's to manage.
+* :meth:`PgDatabase.run` runs a function in one transaction and retries it on serialization failures, deadlocks and
+  lost connections (a restarted server), with jittered backoff; what still fails is raised as WorldError.
+* Migrations: ``celery_workflow/sql/postgres/NNNN_name.sql`` applied in one transaction under
+  ``pg_advisory_xact_lock``, versions in ``celery_workflow_schema_version``; a database newer than this library is
+  refused with :class:`~celery_workflow.errors.SchemaVersionError`. Tables go to the connection's ``search_path``.
+* :class:`Listener`: one dedicated ``LISTEN`` connection per process. Waiters take a generation mark, check the
+  database, then wait for a notification after that mark or their timeout, so a notification that arrives between
+  the check and the wait is never missed, and a lost one only costs one poll interval. The connection reconnects by
+  itself and wakes every waiter when it does (notifications may have been lost meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import Any, TypeVar
+
+from celery_workflow.errors import ConfigurationError, SchemaVersionError, WorldError
+
+try:  # optional driver: pip install 'celery-workflow[postgres]'
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg_pool import ConnectionPool
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ConfigurationError("the Postgres World needs psycopg: pip install 'celery-workflow[postgres]'") from exc
+
+log = logging.getLogger("celery_workflow.postgres")
+
+T = TypeVar("T")
+
+#: Key of the advisory lock that serialises migrations across processes.
+MIGRATION_LOCK = 0x63656C7779  # "celwy"
+CHANNEL_QUEUE = "celery_workflow_queue"
+CHANNEL_RUNS = "celery_workflow_runs"
+CHANNEL_STREAMS = "celery_workflow_streams"
+CHANNELS = (CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS)
+
+_MAX_KEYS = 10_000
+_RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) of every packaged Postgres migration, in order."""
+    folder = resources.files("celery_workflow") / "sql" / "postgres"
+    out = []
+    for entry in folder.iterdir():
+        name = entry.name
+        if name.endswith(".sql") and name[:4].isdigit():
+            out.append((int(name[:4]), name, entry.read_text()))
+    return sorted(out)
+
+
+class PgDatabase:
+    """A psycopg connection pool plus retrying transactions, migrations and a per-process listener."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool | None = None,
+        *,
+        url: str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        retries: int = 8,
+        timeout: float = 30.0,
+    ) -> None:
+        if pool is None and url is None:
+            raise ConfigurationError("PgDatabase needs a pool or a URL")
+        self.url = url
+        self.min_size = min_size
+        self.max_size = max_size
+        self.retries = retries
+        self.timeout = timeout  # longest wait for a pooled connection (an outage fails fast, then retries)
+        self._own = pool is None
+        self._pool = pool
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._listener: Listener | None = None
+
+    @classmethod
+    def open(cls, url: str, *, min_size: int = 1, max_size: int = 10, timeout: float = 30.0) -> PgDatabase:
+        return cls(url=url, min_size=min_size, max_size=max_size, timeout=timeout)
+
+    @property
+    def conninfo(self) -> str:
+        if self.url is not None:
+            return self.url
+        assert self._pool is not None
+        return str(self._pool.conninfo)
+
+    @property
+    def pool(self) -> ConnectionPool:
+        pid = os.getpid()
+        if self._pool is not None and (self._pid == pid or not self._own):
+            return self._pool
+        with self._lock:
+            if self._pool is None or (self._own and self._pid != pid):
+                # a pool inherited through fork is abandoned, never closed here: its sockets belong to the parent
+                self._pool = ConnectionPool(
+                    self.conninfo,
+                    min_size=self.min_size,
+                    max_size=self.max_size,
+                    timeout=self.timeout,
+                    open=True,
+                    name="celery_workflow",
+                )
+                self._pid = pid
+                self._listener = None
+        return self._pool
+
+    def close(self) -> None:
+        if self._listener is not None and self._pid == os.getpid():
+            self._listener.close()
+            self._listener = None
+        if self._own and self._pool is not None and self._pid == os.getpid():
+            self._pool.close()
+            self._pool = None
+
+    # -- transactions --------------------------------------------------------------------------------------------
+
+    def run(
+        self, fn: Callable[[psycopg.Connection[Any]], T], *, what: str = "transaction", pipeline: bool = False
+    ) -> T:
+        """Run ``fn(conn)`` in one transaction; retry on serialization failures, deadlocks and lost connections.
+
+        ``pipeline``: send statements without waiting for each answer (psycopg pipeline mode), BEGIN included;
+        ``fn`` then waits only where it fetches a result, so a transaction of N writes costs about one round trip.
+
+        ``fn`` must be safe to run again (it is, when all its effects are inside the transaction). Errors that are
+        celery_workflow errors (rule violations) propagate unchanged; driver errors become WorldError.
+        """
+        delay = 0.005
+        for attempt in range(1, self.retries + 1):
+            try:
+                with self.pool.connection() as conn:
+                    if pipeline:
+                        with conn.pipeline(), conn.transaction():
+                            return fn(conn)
+                    with conn.transaction():
+                        return fn(conn)
+            except _RETRYABLE as exc:
+                if attempt == self.retries:
+                    raise WorldError(f"Postgres {what}: gave up after {attempt} attempts: {exc}") from exc
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if attempt == self.retries:
+                    raise WorldError(f"Postgres {what}: {exc}") from exc
+                log.warning("Postgres %s failed (%s); retrying", what, exc)
+                self.pool.check()
+                delay = max(delay, 0.1)
+            except psycopg.Error as exc:
+                raise WorldError(f"Postgres {what}: {exc}") from exc
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- migrations ----------------------------------------------------------------------------------------------
+
+    def migrate(self) -> int:
+        """Apply missing migrations under an advisory lock; return the schema version."""
+        known = migrations()
+        latest = known[-1][0] if known else 0
+
+        def apply(conn: psycopg.Connection[Any]) -> int:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS celery_workflow_schema_version ("
+                " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
+            current = int(row[0]) if row else 0
+            if current > latest:
+                raise SchemaVersionError(
+                    f"the database has celery_workflow schema version {current}, newer than the {latest} this"
+                    " celery_workflow knows; upgrade celery_workflow"
+                )
+            for version, name, sql in known:
+                if version > current:
+                    conn.execute(sql.encode())  # no parameters: several statements run as one script
+                    conn.execute(
+                        "INSERT INTO celery_workflow_schema_version (version, name) VALUES (%s, %s)", (version, name)
+                    )
+            return max(current, latest)
+
+        return self.run(apply, what="migration")
+
+    # -- notifications -------------------------------------------------------------------------------------------
+
+    @property
+    def listener(self) -> Listener:
+        _ = self.pool  # re-creates per-process state after a fork
+        with self._lock:
+            if self._listener is None:
+                self._listener = Listener(self.conninfo, CHANNELS)
+            return self._listener
+
+
+class Listener:
+    """One ``LISTEN`` connection and a thread that counts notifications per (channel, payload)."""
+
+    def __init__(self, conninfo: str, channels: Iterable[str]) -> None:
+        self.conninfo = conninfo
+        self.channels = tuple(channels)
+        self._cond = threading.Condition()
+        self._generations: dict[tuple[str, str | None], int] = {}
+        self._epoch = 0  # bumped on (re)connect: every waiter re-checks
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name="celery_workflow-listener", daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout=5)
+
+    def mark(self, channel: str, key: str | None = None) -> tuple[int, int]:
+        """A mark to pass to :meth:`wait`; take it *before* checking the database."""
+        with self._cond:
+            return self._epoch, self._generations.get((channel, key), 0)
+
+    def wait(self, channel: str, mark: tuple[int, int], timeout: float, key: str | None = None) -> bool:
+        """Block until a notification on ``channel`` (with payload ``key``, if given) after ``mark``, or timeout."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while (self._epoch, self._generations.get((channel, key), 0)) == mark:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def close(self) -> None:
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.close()
+            except psycopg.Error:  # pragma: no cover
+                pass
+        self._thread.join(timeout=2)
+
+    def _loop(self) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                    self._conn = conn
+                    for channel in self.channels:
+                        conn.execute(f'LISTEN "{channel}"')
+                    with self._cond:
+                        self._epoch += 1
+                        self._cond.notify_all()
+                    self._ready.set()
+                    delay = 0.1
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=1.0, stop_after=64):
+                            self._record(note.channel, note.payload)
+            except psycopg.Error as exc:
+                if self._stop.is_set():
+                    return
+                log.warning("Postgres listener lost its connection (%s); reconnecting in %.1f s", exc, delay)
+                self._ready.set()
+                with self._cond:
+                    self._epoch += 1
+                    self._cond.notify_all()
+                self._stop.wait(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                self._conn = None
+
+    def poke(self, channel: str, key: str | None = None) -> None:
+        """Wake this process's waiters on ``channel`` (and ``key``) as a notification would, without a round trip."""
+        self._record(channel, key or "")
+
+    def _record(self, channel: str, payload: str) -> None:
+        with self._cond:
+            if len(self._generations) > _MAX_KEYS:
+                # bounded memory in long-lived workers: forget per-payload counters; the new epoch wakes every
+                # waiter, which re-checks the database (a spurious wake-up, never a missed one)
+                self._generations = {k: v for k, v in self._generations.items() if k[1] is None}
+                self._epoch += 1
+            for key in ((channel, None), (channel, payload)):
+                self._generations[key] = self._generations.get(key, 0) + 1
+            self._cond.notify_all()

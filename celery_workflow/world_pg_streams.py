@@ -1,0 +1,169 @@
+"""Streams of the Postgres World: ordered chunks per (run, name), outside the event log (reference P11).
+
+Guarantees:
+
+* A write is one transaction: it locks the run row against deletion (``FOR KEY SHARE``: appends to the run are not
+  blocked), creates the stream row if missing, locks it ``FOR UPDATE`` (writers of one stream queue up, so indexes
+  are contiguous), inserts the chunks at ``chunk_count, chunk_count + 1, …`` and sends
+  ``pg_notify('celery_workflow_streams', '<run_id>:<name>')``, delivered at commit.
+* Each write_stream call tags its chunks with a ``write_id``: a retry after a connection lost once the server had
+  committed finds them and does not write them again.
+* A closed stream takes no more chunks (:class:`~celery_workflow.errors.EventConflict`); closing is idempotent and
+  notifies too. Streams outlive their run's end, not its deletion (retention).
+* A read is one statement (state and chunks from one snapshot). A waiting read takes a listener mark *before* it
+  reads, then waits for a notification on its stream or ``poll_interval`` at most, and reads again, so a lost
+  notification only adds latency.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from celery_workflow import ids
+from celery_workflow._pg import CHANNEL_STREAMS, PgDatabase
+from celery_workflow._world_checks import check_chunks, check_stream_name
+from celery_workflow.errors import EventConflict, RunNotFound
+from celery_workflow.world import StreamChunk, StreamPage
+
+__all__ = ["PgStreams", "stream_key"]
+
+Conn = psycopg.Connection[Any]
+
+
+def stream_key(run_id: str, name: str) -> str:
+    """The NOTIFY payload (and listener key) of a stream."""
+    return f"{run_id}:{name}"
+
+
+def _lock_run(conn: Conn, run_id: str) -> None:
+    """Share-lock the run row (it cannot be deleted until commit); RunNotFound when there is none."""
+    if conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR KEY SHARE", (run_id,)).fetchone() is None:
+        raise RunNotFound(f"run {run_id} does not exist")
+
+
+class PgStreams:
+    """The stream facet of :class:`~celery_workflow.world_pg.PostgresWorld`."""
+
+    def __init__(self, db: PgDatabase, poll_interval: float) -> None:
+        self.db = db
+        self.poll_interval = poll_interval
+
+    def write(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
+        check_stream_name(name)
+        data = check_chunks(chunks)
+        write_id = uuid.uuid4().hex
+        attempts = 0
+
+        def tx(conn: Conn) -> int:
+            nonlocal attempts
+            attempts += 1
+            now = ids.utcnow()
+            _lock_run(conn, run_id)
+            if attempts > 1 and data:  # did an earlier attempt commit before its connection was lost?
+                done = conn.execute(
+                    "SELECT max(idx) FROM celery_workflow_stream_chunks WHERE run_id = %s AND name = %s"
+                    " AND write_id = %s",
+                    (run_id, name, write_id),
+                ).fetchone()
+                if done is not None and done[0] is not None:
+                    return int(done[0]) + 1
+            conn.execute(
+                "INSERT INTO celery_workflow_streams (run_id, name, closed, chunk_count, created_at, updated_at)"
+                " VALUES (%s, %s, false, 0, %s, %s) ON CONFLICT (run_id, name) DO NOTHING",
+                (run_id, name, now, now),
+            )
+            state = conn.execute(
+                "SELECT closed, chunk_count FROM celery_workflow_streams WHERE run_id = %s AND name = %s FOR UPDATE",
+                (run_id, name),
+            ).fetchone()
+            assert state is not None  # inserted above, and the run (so the stream) cannot be deleted meanwhile
+            if state[0]:
+                raise EventConflict(f"stream {name!r} of run {run_id} is closed")
+            count = int(state[1])
+            if data:
+                conn.cursor().executemany(
+                    "INSERT INTO celery_workflow_stream_chunks (run_id, name, idx, data, created_at, write_id)"
+                    " VALUES (%s, %s, %s, %s, %s, %s)",
+                    [(run_id, name, count + i, chunk, now, write_id) for i, chunk in enumerate(data)],
+                )
+                conn.execute(
+                    "UPDATE celery_workflow_streams SET chunk_count = %s, updated_at = %s WHERE run_id = %s AND name = %s",
+                    (count + len(data), now, run_id, name),
+                )
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_STREAMS, stream_key(run_id, name)))
+            return count + len(data)
+
+        return self.db.run(tx, what="stream write")
+
+    def close(self, run_id: str, name: str) -> None:
+        check_stream_name(name)
+
+        def tx(conn: Conn) -> None:
+            now = ids.utcnow()
+            _lock_run(conn, run_id)
+            conn.execute(
+                "INSERT INTO celery_workflow_streams (run_id, name, closed, chunk_count, created_at, updated_at)"
+                " VALUES (%s, %s, true, 0, %s, %s) ON CONFLICT (run_id, name) DO UPDATE SET closed = true,"
+                " updated_at = excluded.updated_at WHERE celery_workflow_streams.closed = false",
+                (run_id, name, now, now),
+            )
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_STREAMS, stream_key(run_id, name)))
+
+        self.db.run(tx, what="stream close")
+
+    def read(
+        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
+    ) -> StreamPage:
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        if wait <= 0:
+            return self._read(run_id, name, start, limit)
+        listener = self.db.listener
+        key = stream_key(run_id, name)
+        deadline = time.monotonic() + wait
+        while True:
+            mark = listener.mark(CHANNEL_STREAMS, key)
+            page = self._read(run_id, name, start, limit)
+            left = deadline - time.monotonic()
+            if page.chunks or page.closed or left <= 0:
+                return page
+            listener.wait(CHANNEL_STREAMS, mark, min(left, self.poll_interval), key=key)
+
+    def _read(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
+        def tx(conn: Conn) -> StreamPage:
+            rows = conn.execute(
+                "SELECT s.closed, s.chunk_count, c.idx, c.data FROM celery_workflow_streams AS s"
+                " LEFT JOIN LATERAL (SELECT idx, data FROM celery_workflow_stream_chunks"
+                "  WHERE run_id = s.run_id AND name = s.name AND idx >= %s ORDER BY idx LIMIT %s) AS c ON true"
+                " WHERE s.run_id = %s AND s.name = %s ORDER BY c.idx",
+                (start, None if limit is None else max(limit, 0), run_id, name),
+            ).fetchall()
+            if not rows:
+                if conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
+                    raise RunNotFound(f"run {run_id} does not exist")
+                return StreamPage([], False, start)
+            closed, count = bool(rows[0][0]), int(rows[0][1])
+            chunks = [StreamChunk(int(idx), bytes(data)) for _, _, idx, data in rows if idx is not None]
+            next_index = start + len(chunks)
+            return StreamPage(chunks, closed and next_index >= count, next_index)
+
+        return self.db.run(tx, what="stream read")
+
+    def names(self, run_id: str) -> list[str]:
+        def tx(conn: Conn) -> list[str]:
+            rows = conn.execute(
+                "SELECT name FROM celery_workflow_streams WHERE run_id = %s ORDER BY name", (run_id,)
+            ).fetchall()
+            if (
+                not rows
+                and conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone() is None
+            ):
+                raise RunNotFound(f"run {run_id} does not exist")
+            return [str(r[0]) for r in rows]
+
+        return self.db.run(tx, what="stream listing")
