@@ -1,4 +1,4 @@
-"""A durable Kombu virtual transport over any :class:`BrokerStore` (SQLite today, Postgres later).
+"""A durable Kombu virtual transport over any :class:`BrokerStore` (SQLite and Postgres).
 
 Kombu's virtual transport emulates AMQP in process memory; this module keeps everything that must survive a process
 or be seen by other processes in the store instead, so unmodified Celery workers, ``celery inspect`` / ``control``
@@ -24,7 +24,9 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
   :meth:`BrokerStore.gc` (every ``gc_interval``) collects unused queues, auto_delete queues of dead consumers and
   expired messages; a consumed queue that was collected anyway (its process stalled) is declared and bound again.
 * **Wake-ups.** ``drain_events`` waits on the store's change notification, bounded by the next due time, the next
-  lease expiry and ``polling_interval`` — never a blind fixed sleep.
+  lease expiry and ``polling_interval`` — never a blind fixed sleep. The token is taken before looking for messages
+  (:meth:`StoreTransport.change_token`, given the queues looked at), so a change in between is never missed; a
+  transport whose store can wait per queue (Postgres LISTEN/NOTIFY) overrides the two hooks.
 
 Transport options: ``lease_seconds`` (60), ``polling_interval`` (1.0), ``heartbeat_interval`` (5.0),
 ``gc_interval`` (10.0), ``consumer_timeout`` (60.0: a consumer silent that long is considered dead).
@@ -120,7 +122,7 @@ class BindingRow(Protocol):
 
 
 class BrokerStore(Protocol):
-    """Durable, multi-process storage of messages and routing state (implemented by ``SQLiteQueue``).
+    """Durable, multi-process storage of messages and routing state (``SQLiteQueue``, ``PostgresQueue``).
 
     Payloads are opaque bytes (UTF-8 JSON of Kombu messages); times are epoch seconds; a receipt names one claim
     and operations with a stale receipt change nothing. Every method is thread-safe and its own transaction.
@@ -160,8 +162,8 @@ class BrokerStore(Protocol):
     def touch(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
     def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
     def gc(self, *, consumer_timeout: float = ...) -> dict[str, int]: ...
-    def change_token(self) -> int: ...
-    def wait_for_change(self, token: int, timeout: float) -> int: ...
+    def change_token(self) -> Any: ...  # opaque: only ever handed back to wait_for_change
+    def wait_for_change(self, token: Any, timeout: float) -> object: ...
 
 
 class StoreChannel(_VirtualChannel):  # type: ignore[misc]
@@ -536,7 +538,8 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         start = monotonic()
         while True:
             self.maintain()
-            token = self.store.change_token()
+            queues = self.consumable_queues()
+            token = self.change_token(queues)
             try:
                 self.cycle.get(self._deliver, timeout=timeout)
                 return
@@ -546,15 +549,31 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             if timeout is not None and elapsed >= timeout:
                 raise TimeoutError  # socket.timeout is TimeoutError
             wait = self.polling_interval if timeout is None else min(self.polling_interval, timeout - elapsed)
-            wait = min(wait, self._until_due(), self._until_maintenance())
-            self.store.wait_for_change(token, max(wait, MIN_WAIT))
+            wait = min(wait, self._until_due(queues), self._until_maintenance())
+            self.wait_for_change(token, max(wait, MIN_WAIT))
 
-    def _until_due(self) -> float:
+    def consumable_queues(self) -> list[str]:
+        """The queues consumed by open channels that have prefetch room."""
         queues: dict[str, None] = {}
         for channel in self.channels:
             if not channel.closed and channel._consumers and channel.qos.can_consume():
                 queues.update(dict.fromkeys(channel._active_queues))
-        due = self.store.next_due(list(queues)) if queues else None
+        return list(queues)
+
+    def change_token(self, queues: Sequence[str]) -> Any:
+        """Taken before looking for messages of ``queues``; :meth:`wait_for_change` ends early on a later change.
+
+        The default asks the store for a token of any change; a store that can wait per queue (Postgres
+        LISTEN/NOTIFY) overrides this in its transport.
+        """
+        return self.store.change_token()
+
+    def wait_for_change(self, token: Any, timeout: float) -> None:
+        """Block until the store changed after ``token`` was taken, or ``timeout`` seconds pass."""
+        self.store.wait_for_change(token, timeout)
+
+    def _until_due(self, queues: Sequence[str]) -> float:
+        due = self.store.next_due(queues) if queues else None
         return math.inf if due is None else max(due - time.time(), 0.0)
 
     def _until_maintenance(self) -> float:

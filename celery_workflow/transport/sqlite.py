@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from kombu.transport import TRANSPORT_ALIASES
+
 from celery_workflow._sqlite import Database
 from celery_workflow.sqlite_queue import SQLiteQueue
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
@@ -118,3 +120,8 @@ class Transport(StoreTransport):
     @property
     def default_connection_params(self) -> dict[str, Any]:
         return {"hostname": "sqlite:///celery_workflow.db"}
+
+
+# `celery inspect conf` (and Flower, which calls it) rebuild a Connection from the broker URL alone: make the
+# scheme resolve to this transport (kombu has no "sqlite" transport of its own).
+TRANSPORT_ALIASES.setdefault("sqlite", "celery_workflow.transport.sqlite:Transport")

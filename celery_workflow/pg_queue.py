@@ -1,0 +1,617 @@
+"""The Postgres queue: deliveries of the Postgres World and the storage of the Postgres Kombu transport.
+
+One table (``celery_workflow_queue``, migration ``0002_queue.sql``) holds a row per delivery: queue name, payload
+(UTF-8 JSON of a Kombu virtual-transport message, whichever side inserted it, as ``bytea``), run id, ``not_before``,
+attempts, ``lease_until``, idempotency key, ``expires_at`` (message TTL) and ``created_at``.
+
+Clock: every comparison and stored time uses the **database server's clock** (``now()``; each transaction here is
+one statement, except those joining a caller's), so workers on several hosts agree on when a lease runs out and a
+row is due, whatever their own clocks say. The only Python times are absolute due times handed in
+(``Delivery.not_before``, a Celery ``eta``): a producer's clock skew shifts its own delays, never someone else's
+lease. :meth:`PostgresQueue.next_due` returns ``time.time()`` plus the database's "seconds until". Tests may set
+:attr:`PostgresQueue.clock` to a Python clock, which then replaces ``now()`` in every statement.
+
+Guarantees (the seed's worker model):
+
+* A claim is one statement: for each queue, ``SELECT … ORDER BY not_before, id LIMIT n FOR UPDATE SKIP LOCKED``
+  (walking the ``(queue, not_before, id)`` index), the oldest ``n`` of those, then ``UPDATE`` them: ``lease_until =
+  now + lease``, ``attempts + 1``, idempotency key cleared (rows of ``no_ack`` queues are deleted instead). Concurrent
+  claimers in any number of processes skip each other's rows and never get the same claim; READ COMMITTED re-checks a
+  locked row's conditions, so a row claimed and committed by someone else meanwhile is skipped.
+* A receipt (``"<id>.<attempts>"``) names exactly one claim: ids are never reused (bigserial) and every claim
+  increments ``attempts``. ack / release / retry_later / extend with a stale receipt change nothing.
+* An idempotency key deduplicates against a *pending* row of the same run (rows without a run: of the same queue),
+  enforced by partial unique indexes and ``INSERT … ON CONFLICT DO NOTHING``; claiming releases the key.
+* Every insert sends ``pg_notify('celery_workflow_queue', <queue>)`` in the inserting transaction (so listeners hear
+  it at commit, never before); a release notifies too (the row is claimable again at once).
+* Messages on a queue declared with ``x-message-ttl`` expire that long after they are *due*; expired rows are never
+  claimed and :meth:`PostgresQueue.gc` deletes them unless someone holds them.
+* Broker state for the transport (queue declarations, exchanges, bindings, live consumers) lives in the same schema,
+  shared by every process; :meth:`PostgresQueue.gc` collects unused queues, dead consumers' auto-delete queues and
+  expired messages (one collector at a time per schema, under a transaction-level advisory lock).
+
+Errors: the methods that run their own transactions go through :meth:`PgDatabase.run` (retried on serialization
+failures, deadlocks and lost connections; what still fails is :class:`~celery_workflow.errors.WorldError`).
+:meth:`insert`, :meth:`delete_for_run` and :meth:`delete_claim` run in the caller's transaction and let psycopg errors
+through unchanged, so the caller's ``PgDatabase.run`` can retry them. :class:`PostgresQueue` structurally implements
+:class:`celery_workflow.transport.base.BrokerStore`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase
+from celery_workflow.ids import to_utc
+from celery_workflow.sqlite_queue import Binding, format_receipt, parse_receipt
+from celery_workflow.world import ClaimedDelivery, Delivery
+
+__all__ = ["Binding", "PostgresQueue", "format_receipt", "parse_receipt"]
+
+if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_workflow._pg
+    import psycopg
+
+Conn: TypeAlias = "psycopg.Connection[Any]"
+
+_Q = "celery_workflow_queue"
+_QUEUES = "celery_workflow_broker_queues"
+_EXCHANGES = "celery_workflow_broker_exchanges"
+_BINDINGS = "celery_workflow_broker_bindings"
+_CONSUMERS = "celery_workflow_broker_consumers"
+
+#: Class id of the advisory lock taken by :meth:`PostgresQueue.gc` (the object id is a hash of the schema).
+GC_LOCK = 0x63776763  # "cwgc"
+
+# "now": the database clock, unless a test clock is set (then every statement gets it as %(now)s).
+_NOW = "COALESCE(%(now)s::timestamptz, now())"
+_NOTIFY = f"pg_notify('{CHANNEL_QUEUE}', queue)"
+
+# A row is claimable at now when it is due, its lease (if any) has run out and it has not expired.
+_CLAIMABLE = (
+    f"q.not_before <= {_NOW} AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})"
+    f" AND (q.expires_at IS NULL OR q.expires_at > {_NOW})"
+)
+
+_INSERT = f"""
+WITH ins AS (
+    INSERT INTO {_Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
+    SELECT %(queue)s, %(payload)b, %(run_id)s, t.due, %(key)s,
+           t.due + (SELECT message_ttl FROM {_QUEUES} WHERE name = %(queue)s), t.now
+    FROM (SELECT COALESCE(%(due)s::timestamptz, {_NOW}) AS due, {_NOW} AS now) AS t
+    ON CONFLICT DO NOTHING
+    RETURNING queue
+)
+SELECT {_NOTIFY} FROM ins
+"""
+
+_FANOUT = f"""
+WITH ins AS (
+    INSERT INTO {_Q} (queue, payload, not_before, expires_at, created_at)
+    SELECT b.queue, %(payload)b, t.due, t.due + d.message_ttl, t.now
+    FROM (SELECT DISTINCT queue FROM {_BINDINGS} WHERE exchange = %(exchange)s) AS b
+    CROSS JOIN (SELECT COALESCE(%(due)s::timestamptz, {_NOW}) AS due, {_NOW} AS now) AS t
+    LEFT JOIN {_QUEUES} AS d ON d.name = b.queue
+    RETURNING queue
+)
+SELECT {_NOTIFY} FROM ins
+"""
+
+_RECEIVE = f"""
+WITH picked AS (
+    SELECT c.id FROM unnest(%(queues)s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT q.id, q.not_before FROM {_Q} AS q
+        WHERE q.queue = n.name AND {_CLAIMABLE}
+        ORDER BY q.not_before, q.id LIMIT %(limit)s
+        FOR UPDATE OF q SKIP LOCKED
+    ) AS c
+    ORDER BY c.not_before, c.id LIMIT %(limit)s
+), leased AS (
+    UPDATE {_Q} AS q SET lease_until = {_NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL
+    FROM picked WHERE q.id = picked.id AND q.queue <> ALL(%(no_ack)s::text[])
+    RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id, q.not_before
+), taken AS (
+    DELETE FROM {_Q} AS q USING picked WHERE q.id = picked.id AND q.queue = ANY(%(no_ack)s::text[])
+    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before
+)
+SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
+"""
+
+_NEXT_DUE = f"""
+SELECT EXTRACT(EPOCH FROM LEAST(
+    (SELECT min(c.not_before) FROM unnest(%(queues)s::text[]) AS n(name) CROSS JOIN LATERAL (
+        SELECT q.not_before FROM {_Q} AS q
+        WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
+          AND (q.expires_at IS NULL OR q.expires_at > {_NOW})
+        ORDER BY q.not_before, q.id LIMIT 1) AS c),
+    (SELECT min(c.lease_until) FROM unnest(%(queues)s::text[]) AS n(name) CROSS JOIN LATERAL (
+        SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
+        ORDER BY q.lease_until LIMIT 1) AS c)
+) - {_NOW})::float8
+"""
+
+_DROP_QUEUES = f"""
+WITH gone AS (DELETE FROM {_Q} WHERE queue = ANY(%(names)s::text[]) RETURNING 1),
+     b AS (DELETE FROM {_BINDINGS} WHERE queue = ANY(%(names)s::text[])),
+     c AS (DELETE FROM {_CONSUMERS} WHERE queue = ANY(%(names)s::text[])),
+     d AS (DELETE FROM {_QUEUES} WHERE name = ANY(%(names)s::text[]))
+SELECT count(*) FROM gone
+"""
+
+_ORPHANED_AUTO_DELETE = f"""
+SELECT name FROM {_QUEUES} AS d
+WHERE name = ANY(%(names)s::text[]) AND auto_delete
+  AND NOT EXISTS (SELECT 1 FROM {_CONSUMERS} AS c WHERE c.queue = d.name)
+ORDER BY name
+"""
+
+
+def _seconds(value: float | None) -> timedelta | None:
+    return None if value is None else timedelta(seconds=value)
+
+
+def _at(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def _total(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+class PostgresQueue:
+    """Deliveries and broker state in a :class:`~celery_workflow._pg.PgDatabase` (thread- and fork-safe)."""
+
+    def __init__(self, db: PgDatabase) -> None:
+        self.db = db
+        #: None (the default): the database server's clock. Tests may set a Python clock (epoch seconds).
+        self.clock: Callable[[], float] | None = None
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+
+    def _params(self, **values: Any) -> dict[str, Any]:
+        values["now"] = None if self.clock is None else datetime.fromtimestamp(self.clock(), UTC)
+        return values
+
+    def _local_now(self) -> float:
+        return time.time() if self.clock is None else self.clock()
+
+    def _rows(self, what: str, sql: str, **values: Any) -> list[tuple[Any, ...]]:
+        """Run one statement in its own transaction; its rows (none for a statement without a result)."""
+        params = self._params(**values)
+
+        def go(conn: Conn) -> list[tuple[Any, ...]]:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description is not None else []
+
+        return self.db.run(go, what=f"queue: {what}")
+
+    def _rowcount(self, what: str, sql: str, **values: Any) -> int:
+        params = self._params(**values)
+        return self.db.run(lambda conn: int(conn.execute(sql, params).rowcount), what=f"queue: {what}")
+
+    # -- used by the Postgres World inside its own transaction ---------------------------------------------------
+
+    def insert(self, conn: Conn, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Insert deliveries in the caller's open transaction; ``False`` for one deduplicated by its key.
+
+        Sends the queue's NOTIFY in that transaction (delivered at its commit). psycopg errors are not wrapped, so
+        the caller's :meth:`PgDatabase.run` can retry or map them.
+        """
+        if not deliveries:
+            return []
+        params = [
+            self._params(
+                queue=d.queue,
+                payload=bytes(d.payload),
+                run_id=d.run_id,
+                key=d.idempotency_key,
+                due=None if d.not_before is None else to_utc(d.not_before),
+            )
+            for d in deliveries
+        ]
+        out: list[bool] = []
+        with conn.cursor() as cur:
+            cur.executemany(_INSERT, params, returning=True)
+            while True:
+                out.append(len(cur.fetchall()) == 1)
+                if not cur.nextset():
+                    break
+        return out
+
+    def delete_for_run(self, conn: Conn, run_id: str) -> int:
+        """Delete every delivery of a run (pending or claimed) in the caller's transaction; return the count."""
+        return int(conn.execute(f"DELETE FROM {_Q} WHERE run_id = %s", (run_id,)).rowcount)
+
+    # -- the World's queue facet ---------------------------------------------------------------------------------
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Store deliveries in one transaction; ``False`` for one deduplicated by its idempotency key."""
+        if not deliveries:
+            return []
+        return self.db.run(lambda conn: self.insert(conn, deliveries), what="queue: enqueue")
+
+    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
+        """Claim up to ``limit`` due rows of ``queues``, oldest due first, hidden for ``lease`` seconds."""
+        return self.receive(queues, limit=limit, lease=lease)
+
+    def ack(self, receipt: str) -> None:
+        """Delete the claimed row; no-op when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        self._rowcount(
+            "ack",
+            f"DELETE FROM {_Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
+            id=row_id,
+            attempts=attempts,
+        )
+
+    def delete_claim(self, conn: Conn, receipt: str) -> None:
+        """Delete the claimed row in the caller's open transaction; no-op when the receipt is stale.
+
+        psycopg errors are not wrapped (see :meth:`insert`); a malformed receipt is a WorldError.
+        """
+        row_id, attempts = parse_receipt(receipt)
+        conn.execute(
+            f"DELETE FROM {_Q} WHERE id = %s AND attempts = %s AND lease_until IS NOT NULL", (row_id, attempts)
+        )
+
+    def release(self, receipt: str) -> None:
+        """Clear the lease (and notify): claimable again at once, keeping its due time. No-op when stale."""
+        row_id, attempts = parse_receipt(receipt)
+        self._rows(
+            "release",
+            f"WITH r AS (UPDATE {_Q} SET lease_until = NULL"
+            " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL RETURNING queue)"
+            f" SELECT {_NOTIFY} FROM r",
+            id=row_id,
+            attempts=attempts,
+        )
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        """Clear the lease and make the row due ``delay`` seconds from now. No-op when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        self._rowcount(
+            "retry later",
+            f"UPDATE {_Q} SET lease_until = NULL, not_before = {_NOW} + %(delay)s"
+            " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
+            id=row_id,
+            attempts=attempts,
+            delay=timedelta(seconds=max(delay, 0.0)),
+        )
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        """Set the lease of each still-held claim to ``lease`` seconds from now; stale receipts are skipped."""
+        if not receipts:
+            return
+        parsed = sorted(parse_receipt(r) for r in receipts)  # one lock order for every extender
+        self._rowcount(
+            "extend leases",
+            f"UPDATE {_Q} AS q SET lease_until = {_NOW} + %(lease)s"
+            " FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)"
+            " WHERE q.id = r.id AND q.attempts = r.attempts AND q.lease_until IS NOT NULL",
+            ids=[p[0] for p in parsed],
+            attempts=[p[1] for p in parsed],
+            lease=timedelta(seconds=lease),
+        )
+
+    # -- BrokerStore: messages -----------------------------------------------------------------------------------
+
+    def put(
+        self,
+        queue: str,
+        payload: bytes,
+        *,
+        not_before: float | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> bool:
+        """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated."""
+        rows = self._rows(
+            "put",
+            _INSERT,
+            queue=queue,
+            payload=bytes(payload),
+            run_id=run_id,
+            key=idempotency_key,
+            due=_at(not_before),
+        )
+        return len(rows) == 1
+
+    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
+        """Insert a copy of the message on every queue bound to ``exchange`` (and notify each); return the count."""
+        return len(self._rows("fanout", _FANOUT, exchange=exchange, payload=bytes(payload), due=_at(not_before)))
+
+    def receive(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+    ) -> list[ClaimedDelivery]:
+        """Claim up to ``limit`` due rows of ``queues``, oldest due first, in one statement.
+
+        Rows of queues in ``no_ack`` are deleted by that statement (delete-on-receive for consumers that never ack);
+        the others are leased for ``lease`` seconds.
+        """
+        if not queues or limit <= 0:
+            return []
+        rows = self._rows(
+            "claim",
+            _RECEIVE,
+            queues=list(dict.fromkeys(queues)),
+            no_ack=list(no_ack),
+            limit=limit,
+            lease=timedelta(seconds=lease),
+        )
+        return [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
+
+    def next_due(self, queues: Sequence[str]) -> float | None:
+        """Epoch seconds (this process's clock) at which the next row of ``queues`` becomes claimable, or None."""
+        if not queues:
+            return None
+        rows = self._rows("next due", _NEXT_DUE, queues=list(dict.fromkeys(queues)))
+        seconds = rows[0][0] if rows else None
+        return None if seconds is None else self._local_now() + float(seconds)
+
+    def size(self, queue: str) -> int:
+        """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
+        rows = self._rows(
+            "size",
+            f"SELECT count(*) FROM {_Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {_NOW})"
+            f" AND (expires_at IS NULL OR expires_at > {_NOW})",
+            queue=queue,
+        )
+        return int(rows[0][0])
+
+    def purge(self, queue: str) -> int:
+        """Delete the messages :meth:`size` counts (claimed ones stay with their holders); return the count."""
+        return self._rowcount(
+            "purge",
+            f"DELETE FROM {_Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {_NOW})",
+            queue=queue,
+        )
+
+    # -- BrokerStore: queues -------------------------------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        expires: float | None = None,
+        message_ttl: float | None = None,
+    ) -> None:
+        """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
+        self._rowcount(
+            "declare queue",
+            f"INSERT INTO {_QUEUES} (name, durable, exclusive, auto_delete, expires, message_ttl, last_used, created_at)"
+            f" VALUES (%(name)s, %(durable)s, %(exclusive)s, %(auto_delete)s, %(expires)s, %(ttl)s, {_NOW}, {_NOW})"
+            " ON CONFLICT (name) DO UPDATE SET durable = excluded.durable, exclusive = excluded.exclusive,"
+            " auto_delete = excluded.auto_delete, expires = excluded.expires, message_ttl = excluded.message_ttl,"
+            " last_used = excluded.last_used",
+            name=name,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            expires=_seconds(expires),
+            ttl=_seconds(message_ttl),
+        )
+
+    def has_queue(self, name: str) -> bool:
+        """True when the queue is declared or holds messages."""
+        rows = self._rows(
+            "has queue",
+            f"SELECT EXISTS (SELECT 1 FROM {_QUEUES} WHERE name = %(name)s)"
+            f" OR EXISTS (SELECT 1 FROM {_Q} WHERE queue = %(name)s)",
+            name=name,
+        )
+        return bool(rows[0][0])
+
+    def queue_info(self, name: str) -> dict[str, Any] | None:
+        """The stored declaration of a queue, or None."""
+        rows = self._rows(
+            "queue info",
+            f"SELECT durable, exclusive, auto_delete, expires, message_ttl, last_used FROM {_QUEUES}"
+            " WHERE name = %(name)s",
+            name=name,
+        )
+        if not rows:
+            return None
+        durable, exclusive, auto_delete, expires, ttl, last_used = rows[0]
+        return {
+            "durable": bool(durable),
+            "exclusive": bool(exclusive),
+            "auto_delete": bool(auto_delete),
+            "expires": _total(expires),
+            "message_ttl": _total(ttl),
+            "last_used": last_used.timestamp(),
+        }
+
+    def delete_queue(self, name: str) -> int:
+        """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
+        return self.db.run(lambda conn: self._drop_queues(conn, [name]), what="queue: delete queue")
+
+    @staticmethod
+    def _drop_queues(conn: Conn, names: Sequence[str]) -> int:
+        if not names:
+            return 0
+        row = conn.execute(_DROP_QUEUES, {"names": list(dict.fromkeys(names))}).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
+
+    def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Create or update an exchange (its type is what routing in other processes will use)."""
+        self._rowcount(
+            "declare exchange",
+            f"INSERT INTO {_EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
+            f" VALUES (%(name)s, %(type)s, %(durable)s, %(auto_delete)s, %(arguments)s::jsonb, {_NOW})"
+            " ON CONFLICT (name) DO UPDATE SET type = excluded.type, durable = excluded.durable,"
+            " auto_delete = excluded.auto_delete, arguments = excluded.arguments",
+            name=name,
+            type=type,
+            durable=durable,
+            auto_delete=auto_delete,
+            arguments=json.dumps(dict(arguments or {}), sort_keys=True, default=str),
+        )
+
+    def exchange_type(self, name: str) -> str | None:
+        rows = self._rows("exchange type", f"SELECT type FROM {_EXCHANGES} WHERE name = %(name)s", name=name)
+        return str(rows[0][0]) if rows else None
+
+    def exchanges(self) -> list[str]:
+        return [str(r[0]) for r in self._rows("exchanges", f"SELECT name FROM {_EXCHANGES} ORDER BY name")]
+
+    def delete_exchange(self, name: str) -> None:
+        """Delete an exchange and its bindings (queues stay, as in AMQP)."""
+        self._rowcount(
+            "delete exchange",
+            f"WITH b AS (DELETE FROM {_BINDINGS} WHERE exchange = %(name)s)"
+            f" DELETE FROM {_EXCHANGES} WHERE name = %(name)s",
+            name=name,
+        )
+
+    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
+        self._rowcount(
+            "bind",
+            f"INSERT INTO {_BINDINGS} (exchange, routing_key, queue, pattern, created_at)"
+            f" VALUES (%(exchange)s, %(key)s, %(queue)s, %(pattern)s, {_NOW})"
+            " ON CONFLICT (exchange, routing_key, queue) DO UPDATE SET pattern = excluded.pattern",
+            exchange=exchange,
+            key=routing_key or "",
+            queue=queue,
+            pattern=pattern,
+        )
+
+    def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
+        self._rowcount(
+            "unbind",
+            f"DELETE FROM {_BINDINGS} WHERE exchange = %(exchange)s AND routing_key = %(key)s AND queue = %(queue)s",
+            exchange=exchange,
+            key=routing_key or "",
+            queue=queue,
+        )
+
+    def bindings(self, exchange: str | None = None) -> list[Binding]:
+        """Bindings of one exchange, or all of them (in creation order)."""
+        sql = f"SELECT exchange, routing_key, pattern, queue FROM {_BINDINGS}"
+        if exchange is not None:
+            sql += " WHERE exchange = %(exchange)s"
+        rows = self._rows("bindings", sql + " ORDER BY created_at, exchange, routing_key, queue", exchange=exchange)
+        return [Binding(str(e), str(k), None if p is None else str(p), str(q)) for e, k, p, q in rows]
+
+    # -- BrokerStore: liveness and collection --------------------------------------------------------------------
+
+    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
+        """Record that ``consumer`` is alive on ``queues`` and mark them used; return those not declared."""
+        if not queues:
+            return []
+        names = list(dict.fromkeys(queues))
+        rows = self._rows(
+            "touch",
+            f"WITH c AS (INSERT INTO {_CONSUMERS} (queue, consumer, seen_at)"
+            f" SELECT u.name, %(consumer)s, {_NOW} FROM unnest(%(names)s::text[]) AS u(name)"
+            " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at)"
+            f" UPDATE {_QUEUES} SET last_used = {_NOW} WHERE name = ANY(%(names)s::text[]) RETURNING name",
+            consumer=consumer,
+            names=sorted(names),
+        )
+        known = {str(r[0]) for r in rows}
+        return [q for q in names if q not in known]
+
+    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]:
+        """Forget ``consumer`` on ``queues``; delete the auto_delete ones left without consumers (returned)."""
+        if not queues:
+            return []
+        names = sorted(dict.fromkeys(queues))
+
+        def go(conn: Conn) -> list[str]:
+            conn.execute(
+                f"DELETE FROM {_CONSUMERS} WHERE consumer = %(consumer)s AND queue = ANY(%(names)s::text[])",
+                {"consumer": consumer, "names": names},
+            )
+            doomed = [str(r[0]) for r in conn.execute(_ORPHANED_AUTO_DELETE, {"names": names}).fetchall()]
+            self._drop_queues(conn, doomed)
+            return doomed
+
+        return self.db.run(go, what="queue: drop consumer")
+
+    def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
+        """Collect what nobody uses any more, in one transaction (skipped while another process collects).
+
+        * queues declared with ``x-expires`` and unused (no declaration, no consumer heartbeat) for that long;
+        * consumers silent for ``consumer_timeout`` seconds (dead processes) and the auto_delete queues they leave
+          without consumers;
+        * messages past their TTL that nobody holds.
+
+        A collected queue goes with its bindings and messages. Returns counts by kind.
+        """
+        params = self._params(timeout=timedelta(seconds=consumer_timeout))
+
+        def go(conn: Conn) -> dict[str, int]:
+            locked = conn.execute(
+                "SELECT pg_try_advisory_xact_lock(%s, hashtext(current_schema()))", (GC_LOCK,)
+            ).fetchone()
+            if not (locked and locked[0]):
+                return {"queues": 0, "consumers": 0, "messages": 0}
+            unused = f"SELECT name FROM {_QUEUES} WHERE expires IS NOT NULL AND last_used + expires <= {_NOW}"
+            expired = [str(r[0]) for r in conn.execute(unused, params).fetchall()]
+            stale = conn.execute(
+                f"DELETE FROM {_CONSUMERS} WHERE seen_at <= {_NOW} - %(timeout)s RETURNING queue", params
+            ).fetchall()
+            stale_queues = sorted({str(r[0]) for r in stale})
+            orphaned = [str(r[0]) for r in conn.execute(_ORPHANED_AUTO_DELETE, {"names": stale_queues}).fetchall()]
+            queues = list(dict.fromkeys(expired + orphaned))
+            dropped = self._drop_queues(conn, queues)
+            ttl = conn.execute(
+                f"DELETE FROM {_Q} WHERE expires_at IS NOT NULL AND expires_at <= {_NOW}"
+                f" AND (lease_until IS NULL OR lease_until <= {_NOW})",
+                params,
+            ).rowcount
+            return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}
+
+        return self.db.run(go, what="queue: collect garbage")
+
+    # -- BrokerStore: change notification ------------------------------------------------------------------------
+
+    def change_token(self, queues: Sequence[str] | None = None) -> Any:
+        """A mark of the queue notifications seen so far (of ``queues``, or of any queue); take it before checking.
+
+        Reconnections of the listener also count as a change (notifications may have been lost meanwhile).
+        """
+        listener = self.db.listener
+        if queues is None:
+            return (listener.mark(CHANNEL_QUEUE), None)
+        return (listener.mark(CHANNEL_QUEUE), {q: listener.mark(CHANNEL_QUEUE, q) for q in dict.fromkeys(queues)})
+
+    def wait_for_change(self, token: Any, timeout: float) -> bool:
+        """Block until a queue notification after ``token`` (for one of its queues), or ``timeout`` seconds pass.
+
+        A notification on another queue wakes this thread only to compare in-memory counters; no query runs.
+        """
+        listener = self.db.listener
+        anything, marks = token
+        if marks is None:
+            return listener.wait(CHANNEL_QUEUE, anything, timeout)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            current = listener.mark(CHANNEL_QUEUE)  # before comparing: a later notification ends the wait below
+            if any(listener.mark(CHANNEL_QUEUE, q) != mark for q, mark in marks.items()):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            listener.wait(CHANNEL_QUEUE, current, left)
+
+    def poke(self, key: str) -> None:
+        """Wake this process's waiters on ``key`` as a notification would (no database round trip, no NOTIFY)."""
+        self.db.listener.poke(CHANNEL_QUEUE, key)

@@ -1,0 +1,246 @@
+"""Postgres transport for Celery: the queue table of the Postgres World, consumed by unmodified Celery workers.
+
+A thin layer over :mod:`celery_workflow.transport.base` and :class:`celery_workflow.pg_queue.PostgresQueue`: every
+process on any host (workers, their pool children, ``celery inspect``, Flower, the application) connects to the same
+database and schema, so messages, exchanges, bindings and queue declarations are shared.
+
+Features
+========
+* Type: Virtual (synchronous: Celery runs its ``synloop``).
+* Supports Direct: Yes
+* Supports Topic: Yes
+* Supports Fanout: Yes (bindings stored in the database: ``celery inspect``, remote control and Flower work)
+* Supports Priority: No
+* Supports TTL: Yes (``x-message-ttl``, ``x-expires``, auto_delete)
+* Delayed delivery: Yes (``properties["not_before"]`` or Celery's ``eta``/``countdown``: rows are not received
+  before they are due)
+* Leases: received messages are claimed with ``FOR UPDATE SKIP LOCKED`` and hidden for ``lease_seconds``; the lease
+  is extended while the consumer holds them; ack deletes, requeue/shutdown releases, reject without requeue backs
+  off (1 s, 2 s, 4 s … 5 min). Times are the database server's clock, so hosts need not agree on the time.
+* Idempotency: ``apply_async(..., idempotency_key="k", run_id="r")`` deduplicates against a pending message.
+* Wake-up: every insert sends ``NOTIFY celery_workflow_queue, '<queue>'`` in its transaction; a waiting consumer
+  (one ``LISTEN`` connection per process) wakes for its own queues only, and re-checks at least every
+  ``polling_interval``, so delayed rows that become due and lost notifications cost at most that long.
+* Reconnection: transactions are retried on lost connections (a restarted server, terminated backends) and the
+  listener reconnects by itself; what still fails raises a connection error, so Celery reconnects.
+
+Connection String
+=================
+Select the transport with ``broker_transport`` and give a libpq URL (or a ``key=value`` conninfo string):
+
+.. code-block::
+
+    broker_transport = "celery_workflow.transport.postgres:Transport"
+    broker_url = "postgresql://app@db.example.com:5432/app?options=-csearch_path%3Dworkflows&sslmode=require"
+
+The transport parses the URL itself (``can_parse_url``), so Kombu keeps it whole and every libpq parameter survives
+(``options=-csearch_path=…`` picks the schema; ``sslmode``, ``application_name``, ``connect_timeout`` …). This is the
+same URL as the Postgres World's. The tables are created (migrated) in that schema on first connection. Importing
+this module also registers ``postgresql`` and ``postgres`` as Kombu transport aliases, so a plain
+``kombu.Connection("postgresql://…")`` (Celery builds one to censor ``inspect conf`` output) resolves to it too.
+
+Keep the password out of the URL: Kombu reports the URL as the connection's hostname, and Celery workers include
+that in ``inspect stats`` (and so in Flower). libpq's ``PGPASSWORD`` / ``~/.pgpass``, or Celery's
+``broker_password`` (and ``broker_user``), which this transport adds to the connection string, all work.
+Connection poolers in transaction mode (PgBouncer) do not support ``LISTEN``: point at Postgres directly or use
+session pooling.
+
+Transport Options
+=================
+* ``lease_seconds`` (60): how long a received, unacked message stays hidden without being extended; it only
+  bounds how quickly a crashed worker's message is delivered again.
+* ``polling_interval`` (1.0): longest wait between checks when no notification arrives.
+* ``heartbeat_interval`` (5.0): how often consumers refresh their queues (at most a quarter of ``x-expires``).
+* ``gc_interval`` (10.0): how often each connection tries to collect expired queues and messages (one collector at
+  a time per schema).
+* ``consumer_timeout`` (60.0): a consumer silent that long is dead; its auto_delete queues are deleted.
+* ``pool_timeout`` (2.0): longest wait for a pooled connection per attempt; with the database unreachable, failed
+  transactions are retried for about ``8 * pool_timeout + 7`` seconds before Celery sees a connection error and
+  reconnects. Applies per process and connection string (the first connection's value).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from kombu.transport import TRANSPORT_ALIASES
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from celery_workflow._pg import PgDatabase
+from celery_workflow.pg_queue import PostgresQueue
+from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
+
+__all__ = ["Channel", "Transport", "broker_database", "close_store", "conninfo", "mask_password", "shared_queue"]
+
+_SCHEMES = ("postgresql", "postgres")
+_lock = threading.Lock()
+_stores: dict[str, PostgresQueue] = {}
+
+# Celery builds ``kombu.Connection(broker_url)`` without the transport in places (``inspect conf`` censors the URL
+# through it): once this module is imported, the scheme resolves to this transport (Kombu has none of its own).
+for _scheme in _SCHEMES:
+    TRANSPORT_ALIASES.setdefault(_scheme, "celery_workflow.transport.postgres:Transport")
+
+
+def conninfo(url: str | None) -> str:
+    """The libpq connection string of a broker URL, unchanged (``postgresql://…``, ``postgres://…`` or key=value).
+
+    Raises ValueError for another scheme or a string libpq cannot parse.
+    """
+    text = (url or "").strip()
+    if not text:
+        raise ValueError("the Postgres transport needs a broker URL: postgresql://user@host:5432/dbname")
+    if "://" in text and text.split("://", 1)[0].lower() not in _SCHEMES:
+        raise ValueError(f"the Postgres transport needs a postgresql:// URL, got {mask_password(text)!r}")
+    try:
+        conninfo_to_dict(text)
+    except psycopg.Error as exc:
+        raise ValueError(f"invalid Postgres connection string {mask_password(text)!r}: {exc}") from exc
+    return text
+
+
+def mask_password(url: str, mask: str = "**") -> str:
+    """``url`` with its password (URL or ``password=`` parameter) replaced by ``mask``."""
+    if "://" not in url:
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.Error:
+            return url
+        if "password" in params:
+            params["password"] = mask
+        return make_conninfo("", **params)
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:{mask}@{hostinfo}"))
+
+
+def broker_database(url: str, *, pool_timeout: float = 2.0) -> PgDatabase:
+    """A :class:`PgDatabase` whose pool waits at most ``pool_timeout`` seconds for a connection.
+
+    psycopg_pool waits 30 s by default, and :meth:`PgDatabase.run` retries lost connections 8 times: with the
+    database refusing connections, a consumer would block for minutes before Celery's own reconnection (with its
+    logging, backoff and prompt shutdown) could take over. With 2 s it gives up after about 25 s.
+    """
+    return PgDatabase(url=url, timeout=pool_timeout)
+
+
+def shared_queue(url: str, *, pool_timeout: float = 2.0) -> PostgresQueue:
+    """One migrated :class:`PostgresQueue` per connection string and process (its pool is fork-safe).
+
+    ``pool_timeout`` applies when this process first opens ``url``.
+    """
+    with _lock:
+        queue = _stores.get(url)
+        if queue is None:
+            db = broker_database(url, pool_timeout=pool_timeout)
+            try:
+                db.migrate()
+            except BaseException:
+                db.close()
+                raise
+            queue = _stores[url] = PostgresQueue(db)
+        return queue
+
+
+def close_store(url: str) -> None:
+    """Close and forget this process's store for ``url`` (its pool and listener), e.g. before dropping a schema."""
+    with _lock:
+        queue = _stores.pop(url, None)
+    if queue is not None:
+        queue.db.close()
+
+
+class Channel(StoreChannel):
+    """Postgres channel: :class:`~celery_workflow.transport.base.StoreChannel` plus a local wake-up on acks.
+
+    An ack or reject that frees prefetch room wakes this process's consumer at once (it may be waiting for
+    notifications of its other queues, e.g. the pidbox, while its task queue was full); no NOTIFY is sent.
+    """
+
+    def _full(self) -> bool:
+        qos = self._qos
+        return qos is not None and not qos.can_consume()
+
+    def _wake_if(self, full: bool) -> None:
+        transport = self.connection  # None once the channel is closed (e.g. an ack after a lost connection)
+        if full and transport is not None:
+            transport.wake()
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        full = self._full()
+        try:
+            super().basic_ack(delivery_tag, multiple)
+        finally:
+            self._wake_if(full)
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        full = self._full()
+        try:
+            super().basic_reject(delivery_tag, requeue)
+        finally:
+            self._wake_if(full)
+
+
+class Transport(StoreTransport):
+    """Kombu transport over a Postgres schema (``driver_type`` ``celery_workflow_postgres``)."""
+
+    Channel = Channel
+
+    can_parse_url = True
+    default_port = 5432
+    driver_type = "celery_workflow_postgres"
+    driver_name = "psycopg"
+
+    connection_errors = (*StoreTransport.connection_errors, psycopg.OperationalError, psycopg.InterfaceError)
+    channel_errors = (*StoreTransport.channel_errors, psycopg.OperationalError, psycopg.InterfaceError)
+
+    pool_timeout = 2.0
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        options = client.transport_options or {}
+        if options.get("pool_timeout") is not None:
+            self.pool_timeout = float(options["pool_timeout"])
+        #: The listener key pokes of this transport use: acks wake this connection's waiting consumer only.
+        self._wake_key = f"celery_workflow.wake:{uuid.uuid4().hex}"
+
+    def open_store(self) -> BrokerStore:
+        url = conninfo(self.client.hostname)
+        extra = {"user": self.client.userid, "password": self.client.password}
+        if any(extra.values()):  # Celery's broker_user / broker_password: secrets kept out of the URL
+            url = make_conninfo(url, **{k: v for k, v in extra.items() if v})
+        return shared_queue(url, pool_timeout=self.pool_timeout)
+
+    @property
+    def pg_queue(self) -> PostgresQueue:
+        """The store, typed as what it is."""
+        store = self.store
+        assert isinstance(store, PostgresQueue)
+        return store
+
+    def change_token(self, queues: Sequence[str]) -> Any:
+        """Notification marks of ``queues`` and of this transport's wake-up key (taken before claiming)."""
+        return self.pg_queue.change_token([*queues, self._wake_key])
+
+    def wake(self) -> None:
+        """Wake this connection's consumer if it is waiting (called from any thread)."""
+        if self._store is not None:
+            self.pg_queue.poke(self._wake_key)
+
+    def driver_version(self) -> str:
+        return str(psycopg.__version__)
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        return uri if include_password else mask_password(uri, mask)
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        return {"port": self.default_port}

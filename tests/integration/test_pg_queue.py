@@ -1,0 +1,398 @@
+"""PostgresQueue on a real PostgreSQL: due times, leases, receipts, idempotency, SKIP LOCKED claims, NOTIFY."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.synchronize
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase
+from celery_workflow.errors import WorldError
+from celery_workflow.pg_queue import PostgresQueue
+from celery_workflow.transport.base import backoff
+from celery_workflow.world import Delivery
+from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def at(offset: float) -> datetime:
+    return datetime.fromtimestamp(T0 + offset, UTC)
+
+
+@pytest.fixture
+def url(pg_url: str) -> str:
+    """A URL on a fresh schema of this test's own (``application_name`` is the schema's name)."""
+    return pg_url
+
+
+@pytest.fixture
+def db(url: str) -> Iterator[PgDatabase]:
+    database = PgDatabase.open(url, max_size=4)
+    database.migrate()
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def queue(db: PgDatabase, clock: Clock) -> PostgresQueue:
+    q = PostgresQueue(db)
+    q.clock = clock
+    return q
+
+
+def rows(q: PostgresQueue) -> list[tuple[Any, ...]]:
+    sql = "SELECT id, queue, attempts, lease_until, idempotency_key FROM celery_workflow_queue ORDER BY id"
+    return q.db.run(lambda conn: conn.execute(sql).fetchall())
+
+
+def test_claims_oldest_due_first_across_queues(queue: PostgresQueue) -> None:
+    queue.enqueue(
+        [
+            Delivery("a", b"third", not_before=at(-1)),
+            Delivery("b", b"first", not_before=at(-30)),
+            Delivery("a", b"second", not_before=at(-20)),
+            Delivery("c", b"other queue", not_before=at(-100)),
+        ]
+    )
+    claimed = queue.claim(["a", "b"], limit=10)
+    assert [c.payload for c in claimed] == [b"first", b"second", b"third"]
+    assert [c.attempts for c in claimed] == [1, 1, 1]
+    assert queue.claim(["a", "b"], limit=10) == []
+    assert [c.payload for c in queue.claim(["c"])] == [b"other queue"]
+
+
+def test_limit_takes_only_the_oldest_even_across_queues(queue: PostgresQueue) -> None:
+    queue.enqueue([Delivery("ab"[i % 2], str(i).encode(), not_before=at(-10 + i)) for i in range(6)])
+    assert [c.payload for c in queue.claim(["a", "b"], limit=2)] == [b"0", b"1"]
+    assert [c.payload for c in queue.claim(["b", "a"], limit=3)] == [b"2", b"3", b"4"]
+    assert [c.payload for c in queue.claim(["a", "b", "a"], limit=3)] == [b"5"]
+    assert rows(queue)[0][4] is None
+
+
+def test_rows_not_yet_due_are_invisible(queue: PostgresQueue, clock: Clock) -> None:
+    queue.enqueue([Delivery("a", b"later", not_before=at(60))])
+    assert queue.claim(["a"]) == []
+    assert queue.next_due(["a"]) == pytest.approx(T0 + 60)
+    clock.advance(59.9)
+    assert queue.claim(["a"]) == []
+    clock.advance(0.1)
+    assert [c.payload for c in queue.claim(["a"])] == [b"later"]
+
+
+def test_a_lease_hides_the_row_until_it_runs_out(queue: PostgresQueue, clock: Clock) -> None:
+    queue.enqueue([Delivery("a", b"x", run_id="wrun_1")])
+    (first,) = queue.claim(["a"], lease=30)
+    assert first.run_id == "wrun_1"
+    clock.advance(29)
+    assert queue.claim(["a"]) == []
+    assert queue.next_due(["a"]) == pytest.approx(T0 + 30)
+    clock.advance(1)
+    (second,) = queue.claim(["a"], lease=30)
+    assert second.attempts == 2
+    assert second.receipt != first.receipt
+
+
+def test_a_stale_receipt_cannot_touch_a_reclaimed_row(queue: PostgresQueue, clock: Clock) -> None:
+    queue.enqueue([Delivery("a", b"x")])
+    (stale,) = queue.claim(["a"], lease=10)
+    clock.advance(11)
+    (fresh,) = queue.claim(["a"], lease=10)
+    queue.ack(stale.receipt)
+    queue.extend([stale.receipt], 1000)
+    queue.release(stale.receipt)
+    queue.retry_later(stale.receipt, 0)
+    assert len(rows(queue)) == 1
+    clock.advance(9)
+    assert queue.claim(["a"]) == []  # the fresh lease is untouched (not released, not extended)
+    queue.ack(fresh.receipt)
+    assert rows(queue) == []
+
+
+def test_release_ends_the_claim(queue: PostgresQueue) -> None:
+    queue.enqueue([Delivery("a", b"x")])
+    (claim,) = queue.claim(["a"])
+    queue.release(claim.receipt)
+    queue.ack(claim.receipt)  # the released claim is over: its receipt deletes nothing
+    (again,) = queue.claim(["a"])
+    assert again.attempts == 2
+
+
+def test_idempotency_key_dedups_while_pending_and_is_released_by_the_claim(queue: PostgresQueue) -> None:
+    assert queue.enqueue([Delivery("a", b"1", run_id="r1", idempotency_key="k")]) == [True]
+    assert queue.enqueue([Delivery("a", b"2", run_id="r1", idempotency_key="k")]) == [False]
+    assert queue.enqueue([Delivery("b", b"2b", run_id="r1", idempotency_key="k")]) == [False]  # scope: the run
+    assert queue.enqueue([Delivery("a", b"3", run_id="r2", idempotency_key="k")]) == [True]
+    assert queue.enqueue([Delivery("a", b"4", idempotency_key="k"), Delivery("a", b"5", idempotency_key="k")]) == [
+        True,
+        False,
+    ]
+    assert queue.enqueue([Delivery("b", b"6", idempotency_key="k")]) == [True]  # no run: scope is the queue
+    assert queue.enqueue([Delivery("a", b"7", run_id="r1"), Delivery("a", b"8", run_id="r1")]) == [True, True]
+    assert queue.put("a", b"4b", idempotency_key="k") is False
+    assert queue.put("a", b"1b", run_id="r1", idempotency_key="k") is False
+
+    claimed = queue.claim(["a"], limit=1)
+    assert [c.payload for c in claimed] == [b"1"]
+    assert queue.enqueue([Delivery("a", b"9", run_id="r1", idempotency_key="k")]) == [True]  # key released
+    assert queue.enqueue([Delivery("a", b"10", run_id="r1", idempotency_key="k")]) == [False]
+
+
+def test_insert_delete_for_run_and_delete_claim_join_the_callers_transaction(queue: PostgresQueue) -> None:
+    results = queue.db.run(
+        lambda conn: queue.insert(conn, [Delivery("a", b"1", run_id="r1"), Delivery("a", b"2", run_id="r2")])
+    )
+    assert results == [True, True]
+
+    def fail(conn: psycopg.Connection[Any]) -> None:
+        queue.insert(conn, [Delivery("a", b"3", run_id="r1")])
+        raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        queue.db.run(fail)
+    assert len(rows(queue)) == 2
+    queue.claim(["a"])  # claimed rows of the run go too
+    assert queue.db.run(lambda conn: queue.delete_for_run(conn, "r1")) == 1
+    (claim,) = queue.claim(["a"], limit=5)
+    assert claim.run_id == "r2"
+    queue.db.run(lambda conn: queue.delete_claim(conn, "99.1"))  # stale: nothing happens
+    assert len(rows(queue)) == 1
+    queue.db.run(lambda conn: queue.delete_claim(conn, claim.receipt))
+    assert rows(queue) == []
+
+
+def test_retry_later_backs_off(queue: PostgresQueue, clock: Clock) -> None:
+    queue.enqueue([Delivery("a", b"x")])
+    for attempt in (1, 2, 3):
+        (claim,) = queue.claim(["a"])
+        assert claim.attempts == attempt
+        queue.retry_later(claim.receipt, backoff(claim.attempts))
+        clock.advance(backoff(attempt) - 0.01)
+        assert queue.claim(["a"]) == []
+        clock.advance(0.01)
+    assert queue.claim(["a"])[0].attempts == 4
+
+
+def test_extend_pushes_the_lease(queue: PostgresQueue, clock: Clock) -> None:
+    queue.enqueue([Delivery("a", b"x"), Delivery("a", b"y")])
+    a, b = queue.claim(["a"], limit=2, lease=10)
+    clock.advance(8)
+    queue.extend([b.receipt, a.receipt], 10)
+    clock.advance(9)  # 17 s after the claim, 9 s after the extension
+    assert queue.claim(["a"]) == []
+    clock.advance(1)
+    assert {c.payload for c in queue.claim(["a"], limit=5)} == {b"x", b"y"}
+
+
+def test_size_purge_message_ttl_and_no_ack_receive(queue: PostgresQueue, clock: Clock) -> None:
+    queue.declare_queue("events", auto_delete=True, message_ttl=5)
+    queue.put("events", b"old")
+    queue.put("plain", b"p")
+    assert queue.size("events") == 1
+    clock.advance(5)
+    assert queue.size("events") == 0
+    assert queue.claim(["events"]) == []
+    assert queue.gc()["messages"] == 1
+    assert queue.size("plain") == 1
+    queue.claim(["plain"])
+    queue.put("plain", b"q")
+    assert queue.purge("plain") == 1  # the claimed row stays with its holder
+    assert len(rows(queue)) == 1
+    queue.put("events", b"new")
+    queue.put("plain", b"r")
+    got = queue.receive(["events", "plain"], no_ack={"events"}, limit=5)
+    assert sorted((c.queue, c.attempts) for c in got) == [("events", 1), ("plain", 1)]
+    assert [r[1] for r in rows(queue)] == ["plain", "plain"]  # the no_ack row went at receipt
+
+
+def test_expired_queues_and_dead_consumers_are_collected(queue: PostgresQueue, clock: Clock) -> None:
+    queue.declare_queue("idle", expires=10)
+    queue.declare_queue("orphan", auto_delete=True)
+    queue.declare_queue("alive", auto_delete=True)
+    queue.bind("fan", "", None, "idle")
+    queue.bind("fan", "", None, "orphan")
+    queue.put("orphan", b"m")
+    queue.touch("dead-process", ["orphan"])
+    clock.advance(30)
+    assert queue.touch("live-process", ["alive", "undeclared"]) == ["undeclared"]
+    clock.advance(40)
+    assert queue.gc(consumer_timeout=60) == {"queues": 2, "consumers": 1, "messages": 1}
+    assert not queue.has_queue("idle") and not queue.has_queue("orphan")
+    assert queue.has_queue("alive")
+    assert queue.bindings() == []
+    assert queue.drop_consumer("live-process", ["alive"]) == ["alive"]
+    assert not queue.has_queue("alive")
+
+
+def test_receipts_and_driver_errors_raise_world_error(queue: PostgresQueue) -> None:
+    with pytest.raises(WorldError):
+        queue.ack("nonsense")
+    queue.db.run(lambda conn: conn.execute("DROP TABLE celery_workflow_queue"))
+    with pytest.raises(WorldError) as info:
+        queue.enqueue([Delivery("a", b"x")])
+    assert isinstance(info.value.__cause__, psycopg.Error)
+    with pytest.raises(WorldError):
+        queue.claim(["a"])
+
+
+def test_the_database_clock_is_the_default(db: PgDatabase) -> None:
+    queue = PostgresQueue(db)
+    before = time.time()
+    queue.enqueue([Delivery("a", b"now"), Delivery("a", b"soon", not_before=datetime.now(UTC) + timedelta(hours=1))])
+    (claim,) = queue.claim(["a"], lease=30)
+    assert claim.payload == b"now"
+    row = db.run(
+        lambda conn: conn.execute(
+            "SELECT EXTRACT(EPOCH FROM max(lease_until) - now())::float8,"
+            " EXTRACT(EPOCH FROM max(not_before) - now())::float8 FROM celery_workflow_queue"
+        ).fetchone()
+    )
+    assert row is not None
+    lease_left, due_in = row
+    assert lease_left == pytest.approx(30, abs=2)
+    assert due_in == pytest.approx(3600, abs=2)
+    next_due = queue.next_due(["a"])
+    assert next_due is not None and next_due == pytest.approx(before + 30, abs=2)  # the lease runs out first
+
+
+def test_a_claim_skips_rows_locked_by_another_transaction(queue: PostgresQueue, url: str) -> None:
+    """SKIP LOCKED: a claimer neither waits for nor takes a row someone else holds a lock on."""
+    queue.enqueue([Delivery("a", b"locked", not_before=at(-2)), Delivery("a", b"free", not_before=at(-1))])
+    with psycopg.connect(url) as other:
+        other.execute("SELECT id FROM celery_workflow_queue WHERE payload = 'locked'::bytea FOR UPDATE")
+        started = time.monotonic()
+        assert [c.payload for c in queue.claim(["a"], limit=2)] == [b"free"]
+        assert time.monotonic() - started < 2
+        other.rollback()
+    assert [c.payload for c in queue.claim(["a"])] == [b"locked"]
+
+
+# -- notifications -------------------------------------------------------------------------------------------------
+
+
+def test_notify_is_sent_in_the_inserting_transaction(queue: PostgresQueue, url: str) -> None:
+    # channels are per database, not per schema: tests running elsewhere notify too, so queue names are unique here
+    tag = uuid.uuid4().hex[:8]
+    jobs, other, q1, q2 = (f"{name}-{tag}" for name in ("jobs", "other", "q1", "q2"))
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL_QUEUE}")
+
+        def heard(expected: int = 0) -> list[str]:
+            """This test's next ``expected`` notifications (within 5 s), or those within 0.3 s when none is expected."""
+            deadline = time.monotonic() + (5.0 if expected else 0.3)
+            got: list[str] = []
+            while (left := deadline - time.monotonic()) > 0 and (not expected or len(got) < expected):
+                got += [n.payload for n in listener.notifies(timeout=left, stop_after=1) if n.payload.endswith(tag)]
+            return got
+
+        with queue.db.pool.connection() as conn:
+            with conn.transaction():
+                queue.insert(conn, [Delivery(jobs, b"1"), Delivery(jobs, b"2"), Delivery(other, b"3")])
+                assert heard() == []  # not before commit
+            assert sorted(heard(2)) == [jobs, other]
+            assert heard() == []  # one per queue and transaction
+            with pytest.raises(RuntimeError), conn.transaction():
+                queue.insert(conn, [Delivery(jobs, b"rolled back")])
+                raise RuntimeError
+        assert heard() == []
+        queue.put(jobs, b"4", idempotency_key="k")
+        assert heard(1) == [jobs]
+        queue.put(jobs, b"5", idempotency_key="k")  # deduplicated: nothing new, no notification
+        assert heard() == []
+        (claim,) = queue.claim([jobs])
+        queue.release(claim.receipt)  # claimable again: waiters hear it
+        assert heard(1) == [jobs]
+        queue.bind("fan", "", None, q1)
+        queue.bind("fan", "", None, q2)
+        assert queue.put_fanout("fan", b"6") == 2
+        assert sorted(heard(2)) == [q1, q2]
+
+
+def test_waiters_wake_on_their_queues_only(db: PgDatabase) -> None:
+    queue = PostgresQueue(db)
+    mine, also_mine, elsewhere = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("mine", "also-mine", "elsewhere"))
+    token = queue.change_token([mine])
+    queue.put(elsewhere, b"x")
+    started = time.monotonic()
+    assert queue.wait_for_change(token, 0.5) is False
+    assert time.monotonic() - started >= 0.45
+    token = queue.change_token([mine, also_mine])
+    queue.put(also_mine, b"y")
+    started = time.monotonic()
+    assert queue.wait_for_change(token, 10) is True
+    assert time.monotonic() - started < 5
+    token = queue.change_token([mine])
+    queue.poke(mine)  # a local wake-up, e.g. after an ack freed prefetch room
+    assert queue.wait_for_change(token, 10) is True
+    anything = queue.change_token()
+    queue.put(elsewhere, b"z")
+    assert queue.wait_for_change(anything, 10) is True
+
+
+# -- several processes ---------------------------------------------------------------------------------------------
+
+
+def _claimer(url: str, start: multiprocessing.synchronize.Event, out: multiprocessing.Queue[list[int]]) -> None:
+    db = PgDatabase.open(url, max_size=2)
+    q = PostgresQueue(db)
+    got: list[int] = []
+    start.wait(30)
+    idle = 0
+    while idle < 3:
+        claims = q.claim(["work", "other"], limit=1 + len(got) % 3, lease=60)
+        if not claims:
+            idle += 1
+            continue
+        idle = 0
+        for c in claims:
+            got.append(int(c.payload))
+            q.ack(c.receipt)
+    db.close()
+    out.put(got)
+
+
+def test_concurrent_claimers_in_several_processes_get_each_row_once(queue: PostgresQueue, url: str) -> None:
+    total = 1000
+    queue.clock = None
+    queue.enqueue([Delivery(("work", "other")[i % 2], str(i).encode()) for i in range(total)])
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    out: multiprocessing.Queue[list[int]] = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(url, start, out)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    try:
+        start.set()
+        results = [out.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    everything = [i for r in results for i in r]
+    assert sorted(everything) == list(range(total))  # every row exactly once
+    assert sum(1 for r in results if r) >= 3  # the work was actually shared
+    assert rows(queue) == []
