@@ -30,8 +30,12 @@ def _read(conn: psycopg.Connection[tuple[int, int, int]]) -> Counters:
     return Counters(int(row[0]), int(row[1]), int(row[2]))
 
 
-def settled(url: str, *, quiet_for: float = 1.5, timeout: float = 15.0) -> Counters:
-    """The counters once they have stopped moving for ``quiet_for`` s (backends report statistics lazily)."""
+def settled(url: str, *, quiet_for: float = 11.0, timeout: float = 60.0) -> Counters:
+    """The counters once they have stopped moving for ``quiet_for`` s.
+
+    Backends report statistics lazily: PostgreSQL 15 flushes an idle backend's counters about every 10 s, so a
+    pooled connection's commits and WAL flushes appear only after that; the default waits just past it.
+    """
     with psycopg.connect(url, autocommit=True) as conn:
         last = _read(conn)
         still_since = time.monotonic()

@@ -6,14 +6,20 @@ routing) use a queue only their worker consumes.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -234,3 +240,75 @@ def test_divergence_fails_the_run_after_bounded_redeliveries(
         run.result(timeout=60)  # retried with the transport's backoff (1 s, 2 s, 4 s), then failed
     failed = [e for e in run.events() if e.event_type is EventType.RUN_FAILED]
     assert failed[0].data["code"] == "REPLAY_DIVERGENCE"
+
+
+def _flower_api(port: int, path: str) -> Any:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return json.loads(resp.read())
+    except (OSError, ValueError):
+        return None
+
+
+def test_flower_lists_the_workflow_and_step_deliveries_of_a_run(
+    app: ModuleType, worker: Worker, env: dict[str, str], tmp_path: Path
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "flower.log").open("wb")
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "wfapp", "flower", "--address=127.0.0.1", f"--port={port}"],
+        cwd=APPS,
+        env={**os.environ, **env, "PYTHONPATH": str(APPS), "FLOWER_UNAUTHENTICATED_API": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: "main@" in json.dumps(_flower_api(port, "/api/workers") or {}), 60, "Flower to see the worker")
+
+        def deliveries(run_id: str) -> list[dict[str, Any]]:
+            tasks = _flower_api(port, "/api/tasks") or {}
+            return [t for t in tasks.values() if run_id in str(t.get("args")) and t.get("state") == "SUCCESS"]
+
+        # Flower binds its event queue a moment after it answers: a run that ends before then is never seen by it,
+        # so start runs until one is listed whole
+        deadline = time.monotonic() + 90
+        while True:
+            run = app.fan.start(3)
+            assert run.result(timeout=30) == [0, 2, 4]
+            seen_until = time.monotonic() + 5
+            while time.monotonic() < seen_until and len(deliveries(run.id)) < 5:
+                time.sleep(0.1)
+            if len(deliveries(run.id)) >= 5 or time.monotonic() > deadline:
+                break
+        names = [t["name"] for t in deliveries(run.id)]
+        assert names.count("step.add") == 3, names  # one delivery per parallel step …
+        assert "workflow.fan" in names  # … and the workflow's own deliveries, each showing the run id
+    finally:
+        os.killpg(flower.pid, signal.SIGKILL)
+        flower.wait(timeout=10)
+        log.close()
+
+
+def test_runs_complete_when_every_database_connection_is_killed(
+    app: ModuleType, worker: Worker, env: dict[str, str]
+) -> None:
+    url = env["CELERY_WORKFLOW_URL"]
+    if not url.startswith("postgresql"):
+        pytest.skip("a Postgres outage test")
+    from tests.integration import pg_fixtures
+
+    schema = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)["application_name"][0]
+    runs = [app.sequential.start(4) for _ in range(20)]
+    wait_for(lambda: sum(r.status == "completed" for r in runs) >= 3, 60, "some runs to complete")
+    killed = 0
+    with pg_fixtures.admin_connection() as admin:
+        for _ in range(2):
+            done = sum(r.status == "completed" for r in runs)
+            killed += pg_fixtures.terminate_backends(admin, schema)
+            if done < len(runs):  # the workers got going again before the second outage
+                wait_for(lambda d=done: sum(r.status == "completed" for r in runs) > d, 90, "progress after the outage")
+    assert killed > 0
+    assert [r.result(timeout=90) for r in runs] == [6] * 20

@@ -161,3 +161,8 @@ def diverges(token: str) -> str:
     # deliberately nondeterministic: once the marker exists, replay meets another step than the log recorded
     (other_step if (MARKERS / f"diverge-{token}").exists() else first_step)()
     return str(create_hook(token=token).wait())
+
+
+@wf.workflow
+def fan(n: int) -> list[int]:
+    return gather(*[add.start(i, i) for i in range(n)])
