@@ -1,0 +1,322 @@
+"""The Kombu-level behaviour every store-backed transport shares (kombu.Connection, no worker).
+
+A test module subclasses :class:`TransportSuite`, provides the ``connect`` (a factory of connected
+``kombu.Connection``), ``store`` (the transport's store on the same database) and ``url`` fixtures, and says how to
+run a query on its store (:meth:`TransportSuite.table`) and how far away a row's due time is
+(:meth:`TransportSuite.due_in`). The SQLite and Postgres transports run it unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from celery_workflow.world import Delivery
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 5.0, interval: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(interval)
+
+
+def drain(conn: Connection, until: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not until():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("no message before the deadline")
+        try:
+            conn.drain_events(timeout=min(left, 0.5))
+        except TimeoutError:
+            pass
+
+
+def collector(received: list[Any], *, ack: bool = True) -> Callable[[Any, Any], None]:
+    def on_message(body: Any, message: Any) -> None:
+        received.append((body, message))
+        if ack and not message.acknowledged and message.delivery_info.get("cw_receipt"):
+            message.ack()
+
+    return on_message
+
+
+class TransportSuite:
+    """Routing, acks, leases, TTL and expiry through kombu, whatever store is underneath."""
+
+    def table(self, store: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def due_in(self, store: Any) -> float:
+        """Seconds until the (single) queued row is due, by the store's own clock."""
+        raise NotImplementedError
+
+    def test_publish_consume_ack(self, connect: Callable[..., Connection], store: Any, url: str) -> None:
+        producer_conn, consumer_conn = connect(), connect()
+        queue = Queue("jobs", Exchange("jobs", type="direct"), routing_key="jobs")
+        received: list[Any] = []
+        with Consumer(consumer_conn.channel(), [queue], callbacks=[collector(received)], accept=["json"]):
+            Producer(producer_conn.channel()).publish({"n": 1}, exchange="jobs", routing_key="jobs", serializer="json")
+            drain(consumer_conn, lambda: bool(received))
+        body, message = received[0]
+        assert body == {"n": 1}
+        assert message.delivery_info["cw_attempts"] == 1
+        assert message.delivery_tag == message.delivery_info["cw_receipt"]
+        assert self.table(store, "SELECT COUNT(*) FROM celery_workflow_queue") == [(0,)]
+
+    def test_requeue_redelivers_and_reject_backs_off(self, connect: Callable[..., Connection], store: Any) -> None:
+        conn = connect()
+        queue = Queue("jobs", Exchange("jobs"), routing_key="jobs")
+        received: list[Any] = []
+        with Consumer(conn.channel(), [queue], callbacks=[collector(received, ack=False)], accept=["json"]):
+            Producer(conn.channel()).publish(
+                {"n": 1}, exchange="jobs", routing_key="jobs", serializer="json", declare=[queue]
+            )
+            drain(conn, lambda: len(received) == 1)
+            received[0][1].requeue()
+            drain(conn, lambda: len(received) == 2)
+            second = received[1][1]
+            assert second.delivery_info["cw_attempts"] == 2
+            assert second.delivery_info["redelivered"] is True
+            assert second.delivery_tag != received[0][1].delivery_tag
+
+            second.reject()  # no requeue: the row stays and is due again after backoff(2) = 2 s
+            ((lease,),) = self.table(store, "SELECT lease_until FROM celery_workflow_queue")
+            due_in = self.due_in(store)
+            assert lease is None
+            assert due_in == pytest.approx(2, abs=0.5)
+            started = time.monotonic()
+            drain(conn, lambda: len(received) == 3, timeout=6)
+            assert time.monotonic() - started >= due_in - 0.1
+            received[2][1].ack()
+        assert self.table(store, "SELECT COUNT(*) FROM celery_workflow_queue") == [(0,)]
+
+    def test_eta_and_not_before_delay_delivery(self, connect: Callable[..., Connection], store: Any) -> None:
+        conn = connect()
+        queue = Queue("later", Exchange("later"), routing_key="later")
+        received: list[Any] = []
+        due = datetime.now(UTC) + timedelta(seconds=1)
+        with Consumer(conn.channel(), [queue], callbacks=[collector(received)], accept=["json"]):
+            producer = Producer(conn.channel())
+            producer.publish({"k": "eta"}, exchange="later", routing_key="later", headers={"eta": due.isoformat()})
+            producer.publish({"k": "nb"}, exchange="later", routing_key="later", not_before=due.isoformat())
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=0.5)
+            assert self.table(store, "SELECT COUNT(*) FROM celery_workflow_queue WHERE attempts = 0") == [(2,)]
+            drain(conn, lambda: len(received) == 2, timeout=5)
+        assert datetime.now(UTC) >= due
+        assert {b["k"] for b, _ in received} == {"eta", "nb"}
+
+    def test_idempotency_key_property_dedups(self, connect: Callable[..., Connection], store: Any) -> None:
+        producer = Producer(connect().channel())
+        for _ in range(3):
+            producer.publish({"n": 1}, routing_key="dedup", idempotency_key="k-1", run_id="wrun_1")
+        assert self.table(store, "SELECT queue, run_id FROM celery_workflow_queue") == [("dedup", "wrun_1")]
+
+    @pytest.mark.parametrize(
+        ("kind", "keys", "routing_key", "expected"),
+        [
+            ("fanout", ("", ""), "anything", {"qa", "qb"}),
+            ("topic", ("orders.#", "*.created"), "orders.created", {"qa", "qb"}),
+            ("topic", ("orders.#", "*.created"), "orders.shipped", {"qa"}),
+            ("direct", ("x", "y"), "y", {"qb"}),
+        ],
+    )
+    def test_routing_across_connections(
+        self, connect: Callable[..., Connection], kind: str, keys: tuple[str, str], routing_key: str, expected: set[str]
+    ) -> None:
+        """Bindings declared by two consumers are seen by a third connection that declared nothing."""
+        exchange = Exchange("bus", type=kind)
+        consumers = []
+        got: dict[str, list[Any]] = {"qa": [], "qb": []}
+        for name, key in zip(("qa", "qb"), keys, strict=True):
+            conn = connect()
+            consumer = Consumer(conn.channel(), [Queue(name, exchange, routing_key=key)], accept=["json"])
+            consumer.register_callback(collector(got[name]))
+            consumer.consume()
+            consumers.append((conn, consumer))
+        publisher = connect()
+        Producer(publisher.channel()).publish({"m": 1}, exchange="bus", routing_key=routing_key, serializer="json")
+        for (conn, _), name in zip(consumers, ("qa", "qb"), strict=True):
+            if name in expected:
+                drain(conn, lambda name=name: bool(got[name]))
+            else:
+                with pytest.raises(TimeoutError):
+                    conn.drain_events(timeout=0.3)
+        assert {name for name, messages in got.items() if messages} == expected
+
+    def test_reply_to_a_direct_exchange_declared_only_by_the_client(self, connect: Callable[..., Connection]) -> None:
+        """Like a pidbox reply: the replying process never declared the exchange nor the queue."""
+        client, server = connect(), connect()
+        reply_queue = Queue("abc.reply", Exchange("reply.x", type="direct"), routing_key="abc.reply", auto_delete=True)
+        got: list[Any] = []
+        with Consumer(client.channel(), [reply_queue], callbacks=[collector(got)], no_ack=True, accept=["json"]):
+            channel = server.channel()
+            assert channel.typeof("reply.x").type == "direct"  # from the store
+            Producer(channel).publish({"pong": 1}, exchange="reply.x", routing_key="abc.reply", serializer="json")
+            drain(client, lambda: bool(got))
+        assert got[0][0] == {"pong": 1}
+
+    def test_no_ack_consumers_delete_on_receive(self, connect: Callable[..., Connection], store: Any) -> None:
+        conn = connect()
+        queue = Queue("events", Exchange("events", type="fanout"))
+        got: list[Any] = []
+        with Consumer(conn.channel(), [queue], callbacks=[collector(got)], no_ack=True, accept=["json"]):
+            Producer(connect().channel()).publish({"e": 1}, exchange="events", serializer="json")
+            drain(conn, lambda: bool(got))
+            assert self.table(store, "SELECT COUNT(*) FROM celery_workflow_queue") == [(0,)]
+        simple = conn.SimpleQueue("simple", no_ack=True)
+        simple.put({"s": 1})
+        assert simple.get(timeout=2).payload == {"s": 1}
+        assert store.size("simple") == 0
+        simple.close()
+
+    def test_basic_get_ack_and_restore_on_close(self, connect: Callable[..., Connection], store: Any) -> None:
+        first = connect()
+        channel = first.channel()
+        Producer(channel).publish({"n": 1}, routing_key="held", declare=[Queue("held")])
+        message = channel.basic_get("held")
+        assert message is not None
+        assert channel.basic_get("held") is None  # leased
+        first.release()  # restores unacked messages: releases the lease, never copies
+        assert self.table(store, "SELECT COUNT(*), MAX(lease_until) FROM celery_workflow_queue") == [(1, None)]
+        other = connect().channel()
+        again = other.basic_get("held")
+        assert again.delivery_info["cw_attempts"] == 2
+        again.ack()
+        assert store.size("held") == 0
+
+    def test_leases_are_extended_while_held(self, connect: Callable[..., Connection], store: Any) -> None:
+        holder = connect(lease_seconds=0.4)
+        got: list[Any] = []
+        queue = Queue("slow", Exchange("slow"), routing_key="slow")
+        with Consumer(holder.channel(), [queue], callbacks=[collector(got, ack=False)], accept=["json"]):
+            Producer(holder.channel()).publish({"n": 1}, exchange="slow", routing_key="slow", serializer="json")
+            drain(holder, lambda: bool(got))
+            thief = connect().channel()
+            deadline = time.monotonic() + 1.5  # almost four leases
+            while time.monotonic() < deadline:
+                with pytest.raises(TimeoutError):
+                    holder.drain_events(timeout=0.1)
+                assert thief.basic_get("slow") is None
+            got[0][1].ack()
+        assert self.table(store, "SELECT COUNT(*) FROM celery_workflow_queue") == [(0,)]
+
+    def test_message_ttl_drops_old_messages(self, connect: Callable[..., Connection], store: Any) -> None:
+        conn = connect()
+        queue = Queue("ttl", Exchange("ttl"), routing_key="ttl", message_ttl=0.3)
+        queue(conn.channel()).declare()
+        Producer(conn.channel()).publish({"n": 1}, exchange="ttl", routing_key="ttl")
+        assert store.size("ttl") == 1
+        wait_until(lambda: store.size("ttl") == 0)
+        assert conn.default_channel.basic_get("ttl") is None
+        assert store.gc()["messages"] == 1
+
+    def test_expired_queues_are_collected_unless_consumed(self, connect: Callable[..., Connection], store: Any) -> None:
+        fan = Exchange("bcast", type="fanout")
+        idle_conn, live_conn = connect(), connect(gc_interval=0.1)
+        Queue("idle", fan, expires=0.5)(idle_conn.channel()).declare()
+        got: list[Any] = []
+        live = Consumer(live_conn.channel(), [Queue("live", fan, expires=0.5)], callbacks=[collector(got)], no_ack=True)
+        live.consume()
+        deadline = time.monotonic() + 2.0  # four expiry periods; the consumer refreshes its queue meanwhile
+        while time.monotonic() < deadline:
+            with pytest.raises(TimeoutError):
+                live_conn.drain_events(timeout=0.1)
+        assert not store.has_queue("idle")
+        assert store.has_queue("live")
+        assert [b.queue for b in store.bindings("bcast")] == ["live"]
+        Producer(connect().channel()).publish({"b": 1}, exchange="bcast", serializer="json")
+        drain(live_conn, lambda: bool(got))
+        assert self.table(store, "SELECT COUNT(*) FROM celery_workflow_queue") == [(0,)]
+
+    def test_a_consumed_queue_collected_anyway_is_declared_again(
+        self, connect: Callable[..., Connection], store: Any
+    ) -> None:
+        """E.g. the consuming process was stopped longer than x-expires: its next heartbeat restores queue and binding."""
+        conn = connect(heartbeat_interval=0.05)
+        got: list[Any] = []
+        queue = Queue("box", Exchange("mailbox", type="fanout"), expires=10)
+        with Consumer(conn.channel(), [queue], callbacks=[collector(got)], no_ack=True):
+            store.delete_queue("box")
+            assert store.bindings("mailbox") == []
+            drain(conn, lambda: store.has_queue("box"))
+            assert [b.queue for b in store.bindings("mailbox")] == ["box"]
+            assert store.queue_info("box") is not None and store.queue_info("box")["expires"] == 10  # type: ignore[index]
+            Producer(connect().channel()).publish({"m": 1}, exchange="mailbox", serializer="json")
+            drain(conn, lambda: bool(got))
+
+    def test_auto_delete_queue_goes_with_its_last_consumer(
+        self, connect: Callable[..., Connection], store: Any
+    ) -> None:
+        conn = connect()
+        queue = Queue("mine", Exchange("fan", type="fanout"), auto_delete=True)
+        consumer = Consumer(conn.channel(), [queue], no_ack=True)
+        consumer.consume()
+        assert store.has_queue("mine")
+        consumer.cancel()
+        assert not store.has_queue("mine")
+        assert store.bindings("fan") == []
+
+    def test_dead_consumers_auto_delete_queues_are_collected(self, store: Any) -> None:
+        store.declare_queue("orphan", auto_delete=True)
+        store.bind("fan", "", None, "orphan")
+        store.touch("dead-process", ["orphan"])
+        store.clock = lambda: time.time() + 120
+        assert store.gc(consumer_timeout=60) == {"queues": 1, "consumers": 1, "messages": 0}
+        assert not store.has_queue("orphan")
+        assert store.bindings() == []
+
+    def test_queue_management(self, connect: Callable[..., Connection], store: Any) -> None:
+        channel = connect().channel()
+        queue = Queue("mgmt", Exchange("mgmt"), routing_key="mgmt")
+        queue(channel).declare()
+        assert channel.queue_declare("mgmt", passive=True).message_count == 0
+        producer = Producer(channel)
+        for n in range(3):
+            producer.publish({"n": n}, exchange="mgmt", routing_key="mgmt")
+        assert channel.queue_declare("mgmt", passive=True).message_count == 3
+        assert channel.queue_purge("mgmt") == 3
+        producer.publish({"n": 4}, exchange="mgmt", routing_key="mgmt")
+        assert ("mgmt", "mgmt", "mgmt") in set(channel.list_bindings())
+        assert "mgmt" in channel.get_exchanges()
+        channel.queue_delete("mgmt")
+        assert not store.has_queue("mgmt")
+        assert store.bindings("mgmt") == []
+        with pytest.raises(Exception, match="NOT_FOUND"):
+            channel.queue_declare("mgmt", passive=True)
+        with pytest.raises(Exception, match="NOT_FOUND"):
+            channel.exchange_declare("nope", passive=True)
+        channel.exchange_declare("mgmt", passive=True)
+
+    def test_rows_inserted_by_the_world_are_consumed(self, connect: Callable[..., Connection], store: Any) -> None:
+        """The World writes the same JSON envelope straight into the table (no exchange, maybe no delivery_info)."""
+        envelope = {
+            "body": '{"hello": "world"}',
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {},
+            "properties": {"delivery_tag": "x", "run_id": "wrun_1"},
+        }
+        store.enqueue([Delivery("celery", json.dumps(envelope).encode(), run_id="wrun_1", idempotency_key="d1")])
+        store.put("celery", b"not json")
+        conn = connect()
+        got: list[Any] = []
+        with Consumer(conn.channel(), [Queue("celery")], callbacks=[collector(got)], accept=["json"]):
+            drain(conn, lambda: bool(got))
+            attempted = "SELECT COUNT(*) FROM celery_workflow_queue WHERE attempts = 1"
+            drain(conn, lambda: self.table(store, attempted) == [(1,)])
+        body, message = got[0]
+        assert body == {"hello": "world"}
+        assert message.delivery_info["routing_key"] == "celery"
+        # the undecodable row is kept and backed off, not lost and not spinning
+        rows = self.table(store, "SELECT attempts, lease_until IS NULL FROM celery_workflow_queue")
+        assert [(attempts, bool(free)) for attempts, free in rows] == [(1, True)]
