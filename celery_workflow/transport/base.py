@@ -7,11 +7,10 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
 * **Due messages only.** ``_put`` stores ``properties["not_before"]`` (ISO 8601), else ``headers["eta"]`` (Celery's
   countdown/eta), else now, as the row's due time; receives only take due rows, so no worker holds an ETA in memory
   under a lease.
-* **Leases.** A received message is leased for ``lease_seconds`` (transport option, default 60 s) and the lease of
-  every unacked message the process holds (``qos._delivered``) is extended from :meth:`StoreTransport.drain_events`
-  every ``lease_seconds / 4``, so no lease runs out under a running task while the consuming thread drains events
-  (Celery's synloop drains at least every 2 s; with ``--pool=solo`` a task blocks draining, so there the lease must
-  exceed the longest task). ack deletes the row; ``reject(requeue=True)`` and ``_restore`` (shutdown, channel close)
+* **Leases.** A received message is leased for ``lease_seconds`` (transport option, default 60 s) and a keeper
+  thread extends the lease of every unacked message the process holds (``qos._delivered``) every
+  ``lease_seconds / 4``, so no lease runs out under a running task, whatever the pool (with ``--pool=solo`` the task
+  blocks the consuming thread, not the keeper). ack deletes the row; ``reject(requeue=True)`` and ``_restore`` (shutdown, channel close)
   release the lease (no copy is ever re-published); ``reject(requeue=False)`` keeps the row and makes it due again
   after :func:`backoff` (1 s, 2 s, 4 s … 300 s by attempts). Delivery tags are the store's per-claim receipts (unique
   per receive) and ``delivery_info`` carries ``cw_receipt`` and ``cw_attempts``.
@@ -39,6 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -515,7 +515,9 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             if options.get(name) is not None:
                 setattr(self, name, float(options[name]))
         self._store: BrokerStore | None = None
-        self._next_extend = self._next_heartbeat = self._next_gc = 0.0
+        self._next_heartbeat = self._next_gc = 0.0
+        self._keeper: threading.Thread | None = None
+        self._keeper_stop = threading.Event()
 
     def open_store(self) -> BrokerStore:
         """The store for ``self.client`` (its URL is ``self.client.hostname`` when ``can_parse_url``)."""
@@ -577,7 +579,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         return math.inf if due is None else max(due - time.time(), 0.0)
 
     def _until_maintenance(self) -> float:
-        return max(min(self._next_extend, self._next_heartbeat, self._next_gc) - monotonic(), 0.0)
+        return max(min(self._next_heartbeat, self._next_gc) - monotonic(), 0.0)
 
     def _heartbeat_period(self) -> float:
         period = self.heartbeat_interval
@@ -588,18 +590,10 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         return max(period, 0.05)
 
     def maintain(self) -> None:
-        """Extend held leases, refresh consumed queues and collect garbage, each when it is due.
-
-        Leases are extended every ``lease_seconds / 4``, so a failed round (logged) still leaves three more before a
-        lease could run out; a broken store is reported by the next receive anyway.
-        """
+        """Refresh consumed queues and collect garbage, each when it is due (leases: see :meth:`_keep_leases`)."""
+        self._start_keeper()
         now = monotonic()
         channels = [c for c in self.channels if not c.closed]
-        if now >= self._next_extend:
-            self._next_extend = now + max(self.lease_seconds / 4, 0.05)
-            receipts = [r for c in channels for r in c.held_receipts()]
-            if receipts:
-                self._quietly("extend leases", self.store.extend, receipts, self.lease_seconds)
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self._heartbeat_period()
             for channel in channels:
@@ -610,6 +604,28 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             collected = self._quietly("collect garbage", self.store.gc, consumer_timeout=self.consumer_timeout)
             if collected and any(collected.values()):
                 logger.debug("collected %s", collected)
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None or not self._keeper.is_alive():
+            self._keeper_stop.clear()
+            self._keeper = threading.Thread(target=self._keep_leases, name="celery_workflow-leases", daemon=True)
+            self._keeper.start()
+
+    def _keep_leases(self) -> None:
+        """Extend the leases of every unacked message this process holds, every ``lease_seconds / 4``.
+
+        A thread of its own, so a task that blocks the consuming thread (``--pool=solo``) never outlives its lease; a
+        failed round (logged) still leaves three more before a lease could run out.
+        """
+        period = max(self.lease_seconds / 4, 0.05)
+        while not self._keeper_stop.wait(period):
+            receipts = [r for c in list(self.channels) if not c.closed for r in c.held_receipts()]
+            if receipts:
+                self._quietly("extend leases", self.store.extend, receipts, self.lease_seconds)
+
+    def close_connection(self, connection: Any) -> None:
+        self._keeper_stop.set()
+        super().close_connection(connection)
 
     @staticmethod
     def _quietly(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:

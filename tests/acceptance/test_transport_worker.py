@@ -178,7 +178,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Env, Env
     default, backfill = Env(base / "default", "w1@cwtest"), Env(base / "backfill", "w2@cwtest")
     try:
         default.start("--pool=prefork", "-c", "2")
-        backfill.start("--pool=threads", "-c", "2", "-Q", "backfill")
+        backfill.start("--pool=solo", "-Q", "backfill")  # solo: a running task blocks the consuming thread
         default.wait_ready()
         backfill.wait_ready()
         yield default, backfill
@@ -235,11 +235,19 @@ def test_countdown_task_is_not_received_before_it_is_due(w1: Env) -> None:
     assert record["attempts"] == 1
 
 
-def test_leases_are_extended_under_a_running_task(w1: Env) -> None:
-    w1.app.send_task(f"{APP_MODULE}.hold", args=["long", LEASE * 1.75])
-    wait_for(lambda: [r for r in w1.results("long") if r.get("phase") == "done"], 20, w1.tail)
-    starts = [r for r in w1.results("long") if r.get("phase") == "start"]
-    assert len(starts) == 1, starts  # the lease never ran out: no second delivery while it ran
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_leases_are_extended_under_a_running_task(workers: tuple[Env, Env], pool: str) -> None:
+    env, queue = (workers[0], "celery") if pool == "prefork" else (workers[1], "backfill")
+    tag = f"long-{pool}"
+    env.app.send_task(f"{APP_MODULE}.hold", args=[tag, LEASE * 3], queue=queue)
+    wait_for(lambda: env.results(tag), 15, env.tail)
+    started = time.monotonic()
+    wait_for(lambda: time.monotonic() - started > LEASE * 1.5, 10, env.tail)  # the first lease has run out by now …
+    leases = env.rows(f"SELECT lease_until FROM celery_workflow_queue WHERE queue = '{queue}'")
+    assert leases and leases[0][0] > time.time() * 1e6, leases  # … yet the row is still hidden: it was extended
+    wait_for(lambda: [r for r in env.results(tag) if r.get("phase") == "done"], 30, env.tail)
+    starts = [r for r in env.results(tag) if r.get("phase") == "start"]
+    assert len(starts) == 1, starts  # no second delivery while it ran
 
 
 def test_killed_pool_process_leads_to_redelivery(w1: Env) -> None:
