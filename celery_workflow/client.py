@@ -7,7 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -98,26 +98,55 @@ class Run(Generic[R]):
         Also stops once the run has ended and every chunk written so far has been read (a stream nobody closed),
         and raises ResultTimeout if ``timeout`` seconds pass without the stream ending.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        index = start
         world = self._world
-        while True:
-            wait = world.poll_interval * 20 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+
+        def read(index: int, wait: float) -> tuple[list[Any], bool, int]:
             page = world.read_stream(self.id, name, start=index, wait=wait)
-            for chunk in page.chunks:
-                yield codec.loads(chunk.data)
-            index = page.next_index
-            if page.closed and not page.chunks:
-                return
-            if not page.chunks and world.get_run(self.id).status.terminal:
-                last = world.read_stream(self.id, name, start=index)
-                if not last.chunks:
-                    return
-            if deadline is not None and time.monotonic() >= deadline and not page.chunks:
-                raise ResultTimeout(f"stream {name!r} of run {self.id} did not end within {timeout} s")
+            return [codec.loads(c.data) for c in page.chunks], page.closed, page.next_index
+
+        return _follow(
+            read,
+            lambda: bool(world.get_run(self.id).status.terminal),
+            start,
+            timeout=timeout,
+            idle_wait=world.poll_interval * 20,
+            what=f"stream {name!r} of run {self.id}",
+        )
 
     def __repr__(self) -> str:
         return f"<Run {self.id}>"
+
+
+def _follow(
+    read: Callable[[int, float], tuple[list[Any], bool, int]],
+    ended: Callable[[], bool],
+    start: int,
+    *,
+    timeout: float | None,
+    idle_wait: float,
+    what: str,
+) -> Iterator[Any]:
+    """Values of a stream from ``start`` as they are written, until it closes or its run has ended and every chunk
+    written so far has been read; ResultTimeout if ``timeout`` seconds pass without the stream ending.
+
+    ``read(index, wait)`` returns ``(values, closed, next_index)``, waiting up to ``wait`` s for a first value.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    index = start
+    while True:
+        wait = idle_wait if deadline is None else max(0.0, min(idle_wait, deadline - time.monotonic()))
+        values, closed, index = read(index, wait)
+        yield from values
+        if values:
+            continue
+        if closed or ended():
+            values, _, index = read(index, 0.0)  # a last look: chunks written just before the end
+            if not values:
+                return
+            yield from values
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ResultTimeout(f"{what} did not end within {timeout} s")
 
 
 # -- over HTTP ---------------------------------------------------------------------------------------------------------
@@ -263,27 +292,22 @@ class HTTPRun:
 
     def stream(self, name: str = "default", start: int = 0, *, timeout: float | None = None) -> Iterator[Any]:
         """Yield the stream's values from ``start`` as they are written, until it closes (or the run ends)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        index = start
-        while True:
-            wait = 10.0 if deadline is None else max(0.0, min(10.0, deadline - time.monotonic()))
-            page = self._client.call(
-                "read_stream",
-                {"run_id": self.id, "name": name, "start": index, "wait": wait},
-                timeout=wait + self._client.timeout,
-            )
-            for chunk in page["chunks"]:
-                yield base64.b64decode(chunk["bytes_b64"]) if "bytes_b64" in chunk else chunk["value"]
-            index = int(page["next_index"])
-            if page["chunks"]:
-                continue
-            if page["closed"] or self.status.terminal:
-                final = self._client.call("read_stream", {"run_id": self.id, "name": name, "start": index})
-                if not final["chunks"]:
-                    return
-                continue
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"stream {name!r} of run {self.id} did not end within {timeout} s")
+        client = self._client
+
+        def read(index: int, wait: float) -> tuple[list[Any], bool, int]:
+            params = {"run_id": self.id, "name": name, "start": index, "wait": wait}
+            page = client.call("read_stream", params, timeout=wait + client.timeout)
+            values = [base64.b64decode(c["bytes_b64"]) if "bytes_b64" in c else c["value"] for c in page["chunks"]]
+            return values, bool(page["closed"]), int(page["next_index"])
+
+        return _follow(
+            read,
+            lambda: self.status.terminal,
+            start,
+            timeout=timeout,
+            idle_wait=10.0,
+            what=f"stream {name!r} of run {self.id}",
+        )
 
     def __repr__(self) -> str:
         return f"<HTTPRun {self.id}>"

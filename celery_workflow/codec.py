@@ -155,9 +155,3 @@ class Signature:
                 var = next((p for p in names if p.kind is inspect.Parameter.VAR_KEYWORD), None)
                 kwargs[key] = from_json(value, self.params[var.name]) if var else value
         return args, kwargs
-
-    def encode_result(self, value: Any) -> Any:
-        return to_json(value)
-
-    def decode_result(self, value: Any) -> Any:
-        return from_json(value, self.returns)

@@ -28,7 +28,6 @@ def build(
     queue: str,
     task_id: str,
     not_before: datetime | None = None,
-    extra_properties: Mapping[str, Any] | None = None,
 ) -> bytes:
     """The UTF-8 JSON of a virtual-transport message that runs ``task_name(*args, **kwargs)`` on ``queue``."""
     msg = celery_app.amqp.as_task_v2(
@@ -53,8 +52,6 @@ def build(
     }
     if not_before is not None:
         properties["not_before"] = isoformat(not_before)
-    if extra_properties:
-        properties.update(extra_properties)
     message = {
         "body": base64.b64encode(body).decode(),
         "content-encoding": content_encoding,

@@ -32,7 +32,7 @@ from celery_workflow.errors import (
     WorldError,
 )
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunView
-from celery_workflow.ids import isoformat, new_run_id, to_micros, utcnow
+from celery_workflow.ids import new_run_id, to_micros, utcnow
 from celery_workflow.runtime import steps
 from celery_workflow.runtime.context import WebhookRequest
 from celery_workflow.runtime.registry import Registry, StepDef
@@ -249,9 +249,9 @@ class Runtime:
             return "done"
         started = res.events[-1]
         n = int(started.data["attempt"])
-        if n > sdef.max_retries + 1:
-            error = {"type": "MaxRetriesExceeded", "message": f"step {sdef.name} started {n} times"}
-            return self._record_step(run, step_id, NewEvent(EventType.STEP_FAILED, step_id, {"error": error}), receipt)
+        crash_loop = steps.exceeded_starts(sdef, step_id, n)
+        if crash_loop is not None:
+            return self._record_step(run, step_id, crash_loop, receipt)
         outcome = steps.execute(
             self.world,
             sdef,
@@ -262,17 +262,12 @@ class Runtime:
             attempt=n,
             started_at=started.created_at,
         )
-        if outcome.ok:
-            completed = NewEvent(EventType.STEP_COMPLETED, step_id, {"result": outcome.result})
-            return self._record_step(run, step_id, completed, receipt)
-        if outcome.fatal or n >= sdef.max_retries + 1:
-            failed = NewEvent(EventType.STEP_FAILED, step_id, {"error": outcome.error})
-            return self._record_step(run, step_id, failed, receipt)
-        when = steps.retry_at(sdef, outcome, n, self.clock())
-        retry = NewEvent(EventType.STEP_RETRYING, step_id, {"error": outcome.error, "retry_after": isoformat(when)})
+        event, when = steps.record(sdef, step_id, outcome, n, self.clock())
+        if when is None:
+            return self._record_step(run, step_id, event, receipt)
         again = self.dispatcher.step_delivery(run_id, run.workflow_name, sdef.name, step_id, queue, not_before=when)
         try:
-            self.world.append(run_id, [retry], deliveries=[again], ack=receipt)
+            self.world.append(run_id, [event], deliveries=[again], ack=receipt)
         except RunTerminal:
             return "ended"
         except EntityTerminal:
@@ -344,6 +339,3 @@ class _WorkflowEffects:
             attempt=attempt,
             started_at=started_at,
         )
-
-    def retry_at(self, sdef: StepDef, outcome: steps.StepOutcome, attempt: int) -> datetime:
-        return steps.retry_at(sdef, outcome, attempt, self.runtime.clock())

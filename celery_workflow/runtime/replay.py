@@ -27,7 +27,7 @@ from celery_workflow import codec
 from celery_workflow.errors import HookConflict, PayloadError, StepFailed
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
-from celery_workflow.runtime import context
+from celery_workflow.runtime import context, steps
 from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
@@ -73,8 +73,6 @@ class Effects(Protocol):
     def execute_step(
         self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
     ) -> StepOutcome: ...
-
-    def retry_at(self, sdef: StepDef, outcome: StepOutcome, attempt: int) -> datetime: ...
 
 
 @dataclass(slots=True)
@@ -332,27 +330,17 @@ class Replay:
         written = self._write([*create, started_ev])
         started = written[-1]
         attempt = int(started.data["attempt"])
-        if attempt > sdef.max_retries + 1:
-            error = {
-                "type": "MaxRetriesExceeded",
-                "message": f"step {sdef.name} started {attempt} times; it has at most {sdef.max_retries} retries",
-            }
-            done = self._write_now([NewEvent(EventType.STEP_FAILED, cid, {"error": error})])
-            return self._consume_terminal(done[-1], hint)
+        crash_loop = steps.exceeded_starts(sdef, cid, attempt)
+        if crash_loop is not None:
+            return self._consume_terminal(self._write_now([crash_loop])[-1], hint)
         outcome = self.effects.execute_step(sdef, cid, data_input, attempt, started.created_at)
-        if outcome.ok:
-            completed = NewEvent(EventType.STEP_COMPLETED, cid, {"result": outcome.result})
-            if self.effects.defer_writes:
-                self.deferred.append(completed)  # written with the next write; the clock moves then
-                return codec.from_json(outcome.result, hint)
-            done = self._write_now([completed])
-            return self._consume_terminal(done[-1], hint)
-        if outcome.fatal or attempt >= sdef.max_retries + 1:
-            done = self._write_now([NewEvent(EventType.STEP_FAILED, cid, {"error": outcome.error})])
-            return self._consume_terminal(done[-1], hint)
-        when = self.effects.retry_at(sdef, outcome, attempt)
-        retry = NewEvent(EventType.STEP_RETRYING, cid, {"error": outcome.error, "retry_after": isoformat(when)})
-        self._write_now([retry], [self.effects.step_delivery(sdef, cid, when)])
+        event, when = steps.record(sdef, cid, outcome, attempt, self.effects.wall_now())
+        if event.event_type is EventType.STEP_COMPLETED and self.effects.defer_writes:
+            self.deferred.append(event)  # written with the next write; the clock moves then
+            return codec.from_json(outcome.result, hint)
+        if when is None:
+            return self._consume_terminal(self._write_now([event])[-1], hint)
+        self._write_now([event], [self.effects.step_delivery(sdef, cid, when)])
         raise Suspend()
 
     # -- sleeps ----------------------------------------------------------------------------------------------------

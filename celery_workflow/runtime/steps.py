@@ -9,6 +9,8 @@ from typing import Any
 
 from celery_workflow import codec
 from celery_workflow.errors import FatalError, PayloadError, RetryableError
+from celery_workflow.events import EventType, NewEvent
+from celery_workflow.ids import isoformat
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import StepContext, StepMetadata
 from celery_workflow.runtime.registry import StepDef
@@ -69,6 +71,33 @@ def execute(
     finally:
         context.exit_step(token)
     return StepOutcome(ok=True, result=result)
+
+
+def exceeded_starts(sdef: StepDef, step_id: str, attempt: int) -> NewEvent | None:
+    """``step_failed`` when a step was started more often than its retries allow (a crash loop), else None."""
+    if attempt <= sdef.max_retries + 1:
+        return None
+    error = {
+        "type": "MaxRetriesExceeded",
+        "message": f"step {sdef.name} started {attempt} times; it has at most {sdef.max_retries} retries",
+    }
+    return NewEvent(EventType.STEP_FAILED, step_id, {"error": error})
+
+
+def record(
+    sdef: StepDef, step_id: str, outcome: StepOutcome, attempt: int, now: datetime
+) -> tuple[NewEvent, datetime | None]:
+    """The event that records an attempt's outcome, and, for ``step_retrying``, when the step runs again.
+
+    Success is ``step_completed``; a FatalError or the last allowed attempt is ``step_failed``; anything else is
+    ``step_retrying`` at :func:`retry_at`. Inline and queued steps both decide here.
+    """
+    if outcome.ok:
+        return NewEvent(EventType.STEP_COMPLETED, step_id, {"result": outcome.result}), None
+    if outcome.fatal or attempt >= sdef.max_retries + 1:
+        return NewEvent(EventType.STEP_FAILED, step_id, {"error": outcome.error}), None
+    when = retry_at(sdef, outcome, attempt, now)
+    return NewEvent(EventType.STEP_RETRYING, step_id, {"error": outcome.error, "retry_after": isoformat(when)}), when
 
 
 def retry_at(sdef: StepDef, outcome: StepOutcome, attempt: int, now: datetime) -> datetime:
