@@ -4,7 +4,10 @@
   forked child (Celery's prefork pool forks after the app module imported it), so no socket is shared across
   processes; a caller's pool is the caller's to manage.
 * :meth:`PgDatabase.run` runs a function in one transaction and retries it on serialization failures, deadlocks and
-  lost connections (a restarted server), with jittered backoff; what still fails is raised as WorldError.
+  lost connections (a restarted server), with jittered backoff; what still fails is raised as WorldError. Pooled
+  connections are in autocommit mode, so a single statement costs one round trip (``run(..., transaction=False)``)
+  and :class:`Script` sends a whole transaction (``BEGIN`` … ``COMMIT``, prepared statements) as one or two round
+  trips.
 * Migrations: ``celery_workflow/sql/postgres/NNNN_name.sql`` applied in one transaction under
   ``pg_advisory_xact_lock``, versions in ``celery_workflow_schema_version``; a database newer than this library is
   refused with :class:`~celery_workflow.errors.SchemaVersionError`. Tables go to the connection's ``search_path``.
@@ -30,6 +33,7 @@ from celery_workflow.errors import ConfigurationError, SchemaVersionError, World
 try:  # optional driver: pip install 'celery-workflow[postgres]'
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg.pq import TransactionStatus
     from psycopg_pool import ConnectionPool
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ConfigurationError("the Postgres World needs psycopg: pip install 'celery-workflow[postgres]'") from exc
@@ -107,6 +111,7 @@ class PgDatabase:
                 # a pool inherited through fork is abandoned, never closed here: its sockets belong to the parent
                 self._pool = ConnectionPool(
                     self.conninfo,
+                    kwargs={"autocommit": True},  # BEGIN only where a transaction is asked for
                     min_size=self.min_size,
                     max_size=self.max_size,
                     timeout=self.timeout,
@@ -128,12 +133,13 @@ class PgDatabase:
     # -- transactions --------------------------------------------------------------------------------------------
 
     def run(
-        self, fn: Callable[[psycopg.Connection[Any]], T], *, what: str = "transaction", pipeline: bool = False
+        self, fn: Callable[[psycopg.Connection[Any]], T], *, what: str = "transaction", transaction: bool = True
     ) -> T:
         """Run ``fn(conn)`` in one transaction; retry on serialization failures, deadlocks and lost connections.
 
-        ``pipeline``: send statements without waiting for each answer (psycopg pipeline mode), BEGIN included;
-        ``fn`` then waits only where it fetches a result, so a transaction of N writes costs about one round trip.
+        ``transaction=False``: ``fn`` gets the connection in autocommit mode, to run one statement (one round trip,
+        atomic by itself) or to manage its own transaction with a :class:`Script`; a transaction it leaves open
+        (after an error) is rolled back.
 
         ``fn`` must be safe to run again (it is, when all its effects are inside the transaction). Errors that are
         celery_workflow errors (rule violations) propagate unchanged; driver errors become WorldError.
@@ -142,11 +148,10 @@ class PgDatabase:
         for attempt in range(1, self.retries + 1):
             try:
                 with self.pool.connection() as conn:
-                    if pipeline:
-                        with conn.pipeline(), conn.transaction():
+                    if transaction:
+                        with conn.transaction():
                             return fn(conn)
-                    with conn.transaction():
-                        return fn(conn)
+                    return _autocommit(conn, fn)
             except _RETRYABLE as exc:
                 if attempt == self.retries:
                     raise WorldError(f"Postgres {what}: gave up after {attempt} attempts: {exc}") from exc
@@ -201,6 +206,69 @@ class PgDatabase:
             if self._listener is None:
                 self._listener = Listener(self.conninfo, CHANNELS)
             return self._listener
+
+
+def _autocommit(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+    """``fn(conn)`` with ``conn`` in autocommit mode (a caller's pool may hand out others); never leaves a
+    transaction open."""
+    switched = not conn.autocommit
+    if switched:
+        conn.autocommit = True
+    try:
+        return fn(conn)
+    finally:
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        if switched and not conn.closed:
+            conn.autocommit = False
+
+
+class Script:
+    """Statements queued and sent together in psycopg's pipeline mode: one round trip for all of them.
+
+    Use it on an autocommit connection (``PgDatabase.run(..., transaction=False)``) and put ``BEGIN`` / ``COMMIT``
+    in the script itself: a transaction of N statements then costs one round trip, or two when its writes depend on
+    what it read (read under lock, decide in Python, then write and commit). Statements use server-side binding and
+    are prepared by psycopg once a connection has run them a few times, so the server plans each statement once per
+    connection. Each statement still gets its own snapshot (READ COMMITTED), so reads after a lock see the state
+    under that lock. An error aborts the rest of the script (and the transaction it is in) and is raised by
+    :meth:`send`.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._queued: list[tuple[str, Any]] = []
+
+    def add(self, sql: str, params: Any = None) -> int:
+        """Queue one statement; return the index of its result in :meth:`send`'s answer."""
+        self._queued.append((sql, params))
+        return len(self._queued) - 1
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def send(self) -> list[Result]:
+        """Send the queued statements at once and wait for all their answers; one :class:`Result` per statement."""
+        if not self._queued:
+            return []
+        queued, self._queued = self._queued, []
+        conn = self._conn
+        with conn.pipeline():
+            cursors = [conn.execute(sql, params) for sql, params in queued]
+        return [Result(cur.fetchall() if cur.description is not None else [], cur.rowcount) for cur in cursors]
+
+
+class Result:
+    """The rows and row count of one statement of a :class:`Script`."""
+
+    __slots__ = ("rowcount", "rows")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self.rows = rows
+        self.rowcount = rowcount
+
+    def one(self) -> Any:
+        return self.rows[0] if self.rows else None
 
 
 class Listener:

@@ -169,8 +169,10 @@ def event_row(e: Event, write_id: str) -> tuple[Any, ...]:
     return (e.run_id, e.slot, e.event_type.value, e.correlation_id, blob(dict(e.data)), e.created_at, write_id)
 
 
-def insert_sql(table: str, columns: Sequence[str]) -> str:
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})"
+def insert_sql(table: str, columns: Sequence[str], *, rows: int = 1) -> str:
+    """INSERT of ``rows`` rows; parameters: the values of each row in turn."""
+    one = f"({', '.join(['%s'] * len(columns))})"
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([one] * rows)}"
 
 
 def update_sql(table: str, columns: Sequence[str], key: Sequence[str]) -> str:

@@ -258,6 +258,24 @@ class Plan:
         return bool(self.events)
 
 
+def advance(snapshot: Snapshot, plan: Plan) -> Snapshot:
+    """The snapshot once ``plan`` is written: what a World that read a run's *whole* state (every step, live hook
+    and wait, and every created hook id) may keep to plan the run's next batch without reading it again.
+
+    ``token_owners`` is left empty: it describes other runs, and a batch that claims tokens must read them anew.
+    """
+    assert snapshot.run is not None
+    hooks = {k: v for k, v in snapshot.hooks.items() if k not in plan.hooks_deleted}
+    hooks.update(plan.hooks_inserted)
+    created = set(snapshot.created_hooks)
+    created.update(
+        str(e.correlation_id) for e in plan.events if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
+    )
+    if plan.run_ended:
+        return Snapshot(plan.run, {**snapshot.steps, **plan.steps}, {}, {}, {}, created)
+    return Snapshot(plan.run, {**snapshot.steps, **plan.steps}, hooks, {**snapshot.waits, **plan.waits}, {}, created)
+
+
 def keys_of(new_events: Iterable[NewEvent]) -> Keys:
     steps: set[str] = set()
     hooks: set[str] = set()

@@ -22,6 +22,11 @@ Guarantees (the seed's worker model):
   increments ``attempts``. ack / release / retry_later / extend with a stale receipt change nothing.
 * An idempotency key deduplicates against a *pending* row of the same run (rows without a run: of the same queue),
   enforced by partial unique indexes and ``INSERT … ON CONFLICT DO NOTHING``; claiming releases the key.
+* Durability: an insert (``put``, ``enqueue``, a World append's deliveries) is on disk when the call returns. Claims,
+  acks, lease changes and heartbeats commit without waiting for the disk (``synchronous_commit = off``; the next
+  durable commit, at most ``wal_writer_delay`` later, takes them along): a database crash can lose the last moments
+  of them, and a message whose claim or ack was lost is delivered again, as at-least-once delivery allows. This
+  saves a disk flush per claim and per ack.
 * Every insert sends ``pg_notify('celery_workflow_queue', <queue>)`` in the inserting transaction (so listeners hear
   it at commit, never before); a release notifies too (the row is claimable again at once).
 * Messages on a queue declared with ``x-message-ttl`` expire that long after they are *due*; expired rows are never
@@ -45,7 +50,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase
+from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase, Script
 from celery_workflow.ids import to_utc
 from celery_workflow.sqlite_queue import Binding, format_receipt, parse_receipt
 from celery_workflow.world import ClaimedDelivery, Delivery
@@ -76,22 +81,24 @@ _CLAIMABLE = (
     f" AND (q.expires_at IS NULL OR q.expires_at > {_NOW})"
 )
 
-_INSERT = f"""
+_INSERT_WHEN = f"""
 WITH ins AS (
     INSERT INTO {_Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
-    SELECT %(queue)s, %(payload)b, %(run_id)s, t.due, %(key)s,
+    SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, %(key)s,
            t.due + (SELECT message_ttl FROM {_QUEUES} WHERE name = %(queue)s), t.now
     FROM (SELECT COALESCE(%(due)s::timestamptz, {_NOW}) AS due, {_NOW} AS now) AS t
+    WHERE {{when}}
     ON CONFLICT DO NOTHING
     RETURNING queue
 )
 SELECT {_NOTIFY} FROM ins
 """
+_INSERT = _INSERT_WHEN.replace("{when}", "true")
 
 _FANOUT = f"""
 WITH ins AS (
     INSERT INTO {_Q} (queue, payload, not_before, expires_at, created_at)
-    SELECT b.queue, %(payload)b, t.due, t.due + d.message_ttl, t.now
+    SELECT b.queue, %(payload)s, t.due, t.due + d.message_ttl, t.now
     FROM (SELECT DISTINCT queue FROM {_BINDINGS} WHERE exchange = %(exchange)s) AS b
     CROSS JOIN (SELECT COALESCE(%(due)s::timestamptz, {_NOW}) AS due, {_NOW} AS now) AS t
     LEFT JOIN {_QUEUES} AS d ON d.name = b.queue
@@ -121,17 +128,22 @@ WITH picked AS (
 SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
 """
 
-_NEXT_DUE = f"""
-SELECT EXTRACT(EPOCH FROM LEAST(
-    (SELECT min(c.not_before) FROM unnest(%(queues)s::text[]) AS n(name) CROSS JOIN LATERAL (
-        SELECT q.not_before FROM {_Q} AS q
-        WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
-          AND (q.expires_at IS NULL OR q.expires_at > {_NOW})
-        ORDER BY q.not_before, q.id LIMIT 1) AS c),
-    (SELECT min(c.lease_until) FROM unnest(%(queues)s::text[]) AS n(name) CROSS JOIN LATERAL (
-        SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
-        ORDER BY q.lease_until LIMIT 1) AS c)
-) - {_NOW})::float8
+# Per queue: seconds from now until its next row is claimable (due, or its lease runs out); queues without rows
+# are left out.
+_DUE_TIMES = f"""
+SELECT n.name, EXTRACT(EPOCH FROM LEAST(c.not_before, l.lease_until) - {_NOW})::float8
+FROM unnest(%(queues)s::text[]) AS n(name)
+LEFT JOIN LATERAL (
+    SELECT q.not_before FROM {_Q} AS q
+    WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
+      AND (q.expires_at IS NULL OR q.expires_at > {_NOW})
+    ORDER BY q.not_before, q.id LIMIT 1
+) AS c ON true
+LEFT JOIN LATERAL (
+    SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
+    ORDER BY q.lease_until LIMIT 1
+) AS l ON true
+WHERE c.not_before IS NOT NULL OR l.lease_until IS NOT NULL
 """
 
 _DROP_QUEUES = f"""
@@ -179,19 +191,38 @@ class PostgresQueue:
     def _local_now(self) -> float:
         return time.time() if self.clock is None else self.clock()
 
-    def _rows(self, what: str, sql: str, **values: Any) -> list[tuple[Any, ...]]:
-        """Run one statement in its own transaction; its rows (none for a statement without a result)."""
+    def _rows(self, what: str, sql: str, *, lazy: bool = False, **values: Any) -> list[tuple[Any, ...]]:
+        """Run one statement in its own transaction (one round trip); its rows (none for a statement without a
+        result). ``lazy``: commit without waiting for the disk (see the module docstring)."""
         params = self._params(**values)
 
         def go(conn: Conn) -> list[tuple[Any, ...]]:
+            if lazy:
+                script = Script(conn)
+                script.add("BEGIN")
+                script.add("SET LOCAL synchronous_commit = off")
+                index = script.add(sql, params)
+                script.add("COMMIT")
+                return script.send()[index].rows
             cur = conn.execute(sql, params)
             return cur.fetchall() if cur.description is not None else []
 
-        return self.db.run(go, what=f"queue: {what}")
+        return self.db.run(go, what=f"queue: {what}", transaction=False)
 
-    def _rowcount(self, what: str, sql: str, **values: Any) -> int:
+    def _rowcount(self, what: str, sql: str, *, lazy: bool = False, **values: Any) -> int:
         params = self._params(**values)
-        return self.db.run(lambda conn: int(conn.execute(sql, params).rowcount), what=f"queue: {what}")
+
+        def go(conn: Conn) -> int:
+            if lazy:
+                script = Script(conn)
+                script.add("BEGIN")
+                script.add("SET LOCAL synchronous_commit = off")
+                index = script.add(sql, params)
+                script.add("COMMIT")
+                return script.send()[index].rowcount
+            return int(conn.execute(sql, params).rowcount)
+
+        return self.db.run(go, what=f"queue: {what}", transaction=False)
 
     # -- used by the Postgres World inside its own transaction ---------------------------------------------------
 
@@ -201,26 +232,33 @@ class PostgresQueue:
         Sends the queue's NOTIFY in that transaction (delivered at its commit). psycopg errors are not wrapped, so
         the caller's :meth:`PgDatabase.run` can retry or map them.
         """
-        if not deliveries:
-            return []
-        params = [
-            self._params(
-                queue=d.queue,
-                payload=bytes(d.payload),
-                run_id=d.run_id,
-                key=d.idempotency_key,
-                due=None if d.not_before is None else to_utc(d.not_before),
+        script = Script(conn)
+        slots = self.add_inserts(script, deliveries)
+        results = script.send()
+        return [len(results[i].rows) == 1 for i in slots]
+
+    def add_inserts(
+        self, script: Script, deliveries: Sequence[Delivery], *, when: tuple[str, Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Queue the inserts of ``deliveries`` (with their NOTIFY) on a caller's :class:`Script`; the indexes of
+        their results (one row each when stored, none when deduplicated). ``when``: an SQL condition (with its own
+        ``%(name)s`` parameters) a delivery is stored under, evaluated by the statement."""
+        sql = _INSERT if when is None else _INSERT_WHEN.replace("{when}", when[0])
+        extra = {} if when is None else dict(when[1])
+        return [
+            script.add(
+                sql,
+                self._params(
+                    queue=d.queue,
+                    payload=bytes(d.payload),
+                    run_id=d.run_id,
+                    key=d.idempotency_key,
+                    due=None if d.not_before is None else to_utc(d.not_before),
+                    **extra,
+                ),
             )
             for d in deliveries
         ]
-        out: list[bool] = []
-        with conn.cursor() as cur:
-            cur.executemany(_INSERT, params, returning=True)
-            while True:
-                out.append(len(cur.fetchall()) == 1)
-                if not cur.nextset():
-                    break
-        return out
 
     def delete_for_run(self, conn: Conn, run_id: str) -> int:
         """Delete every delivery of a run (pending or claimed) in the caller's transaction; return the count."""
@@ -232,7 +270,18 @@ class PostgresQueue:
         """Store deliveries in one transaction; ``False`` for one deduplicated by its idempotency key."""
         if not deliveries:
             return []
-        return self.db.run(lambda conn: self.insert(conn, deliveries), what="queue: enqueue")
+
+        def go(conn: Conn) -> list[bool]:
+            script = Script(conn)
+            if len(deliveries) > 1:
+                script.add("BEGIN")
+            slots = self.add_inserts(script, deliveries)
+            if len(deliveries) > 1:
+                script.add("COMMIT")
+            results = script.send()  # one round trip for the whole transaction
+            return [len(results[i].rows) == 1 for i in slots]
+
+        return self.db.run(go, what="queue: enqueue", transaction=False)
 
     def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
         """Claim up to ``limit`` due rows of ``queues``, oldest due first, hidden for ``lease`` seconds."""
@@ -244,6 +293,7 @@ class PostgresQueue:
         self._rowcount(
             "ack",
             f"DELETE FROM {_Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
+            lazy=True,
             id=row_id,
             attempts=attempts,
         )
@@ -253,8 +303,15 @@ class PostgresQueue:
 
         psycopg errors are not wrapped (see :meth:`insert`); a malformed receipt is a WorldError.
         """
+        script = Script(conn)
+        self.add_delete_claim(script, receipt)
+        script.send()
+
+    @staticmethod
+    def add_delete_claim(script: Script, receipt: str) -> int:
+        """Queue the deletion of a claimed row on a caller's :class:`Script` (stale receipts delete nothing)."""
         row_id, attempts = parse_receipt(receipt)
-        conn.execute(
+        return script.add(
             f"DELETE FROM {_Q} WHERE id = %s AND attempts = %s AND lease_until IS NOT NULL", (row_id, attempts)
         )
 
@@ -266,6 +323,7 @@ class PostgresQueue:
             f"WITH r AS (UPDATE {_Q} SET lease_until = NULL"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL RETURNING queue)"
             f" SELECT {_NOTIFY} FROM r",
+            lazy=True,
             id=row_id,
             attempts=attempts,
         )
@@ -277,6 +335,7 @@ class PostgresQueue:
             "retry later",
             f"UPDATE {_Q} SET lease_until = NULL, not_before = {_NOW} + %(delay)s"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
+            lazy=True,
             id=row_id,
             attempts=attempts,
             delay=timedelta(seconds=max(delay, 0.0)),
@@ -292,6 +351,7 @@ class PostgresQueue:
             f"UPDATE {_Q} AS q SET lease_until = {_NOW} + %(lease)s"
             " FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)"
             " WHERE q.id = r.id AND q.attempts = r.attempts AND q.lease_until IS NOT NULL",
+            lazy=True,
             ids=[p[0] for p in parsed],
             attempts=[p[1] for p in parsed],
             lease=timedelta(seconds=lease),
@@ -337,6 +397,7 @@ class PostgresQueue:
         rows = self._rows(
             "claim",
             _RECEIVE,
+            lazy=True,
             queues=list(dict.fromkeys(queues)),
             no_ack=list(no_ack),
             limit=limit,
@@ -344,13 +405,43 @@ class PostgresQueue:
         )
         return [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
 
+    def poll(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+    ) -> tuple[list[ClaimedDelivery], dict[str, float]]:
+        """:meth:`receive`, then :meth:`due_times` of ``queues`` (what the claim left), in one round trip (the two
+        statements sent as one query)."""
+        if not queues or limit <= 0:
+            return [], {}
+        names = list(dict.fromkeys(queues))
+        claim = self._params(queues=names, no_ack=list(no_ack), limit=limit, lease=timedelta(seconds=lease))
+
+        def go(conn: Conn) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            script = Script(conn)
+            script.add("BEGIN")
+            script.add("SET LOCAL synchronous_commit = off")  # a claim lost in a crash is a redelivery
+            claimed = script.add(_RECEIVE, claim)
+            dues = script.add(_DUE_TIMES, self._params(queues=names))
+            script.add("COMMIT")
+            results = script.send()
+            return results[claimed].rows, results[dues].rows
+
+        rows, dues = self.db.run(go, what="queue: claim", transaction=False)
+        now = self._local_now()
+        claims = [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
+        return claims, {str(name): now + float(seconds) for name, seconds in dues}
+
+    def due_times(self, queues: Sequence[str]) -> dict[str, float]:
+        """For each of ``queues`` holding a row: epoch seconds (this process's clock) at which its next row becomes
+        claimable (due, or its lease runs out). Queues without rows are left out."""
+        if not queues:
+            return {}
+        rows = self._rows("due times", _DUE_TIMES, queues=list(dict.fromkeys(queues)))
+        now = self._local_now()
+        return {str(name): now + float(seconds) for name, seconds in rows}
+
     def next_due(self, queues: Sequence[str]) -> float | None:
         """Epoch seconds (this process's clock) at which the next row of ``queues`` becomes claimable, or None."""
-        if not queues:
-            return None
-        rows = self._rows("next due", _NEXT_DUE, queues=list(dict.fromkeys(queues)))
-        seconds = rows[0][0] if rows else None
-        return None if seconds is None else self._local_now() + float(seconds)
+        return min(self.due_times(queues).values(), default=None)
 
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
@@ -430,7 +521,7 @@ class PostgresQueue:
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
-        return self.db.run(lambda conn: self._drop_queues(conn, [name]), what="queue: delete queue")
+        return self.db.run(lambda conn: self._drop_queues(conn, [name]), what="queue: delete queue", transaction=False)
 
     @staticmethod
     def _drop_queues(conn: Conn, names: Sequence[str]) -> int:
@@ -522,6 +613,7 @@ class PostgresQueue:
             f" SELECT u.name, %(consumer)s, {_NOW} FROM unnest(%(names)s::text[]) AS u(name)"
             " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at)"
             f" UPDATE {_QUEUES} SET last_used = {_NOW} WHERE name = ANY(%(names)s::text[]) RETURNING name",
+            lazy=True,
             consumer=consumer,
             names=sorted(names),
         )

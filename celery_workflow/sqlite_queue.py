@@ -280,10 +280,18 @@ class SQLiteQueue:
         rows.sort(key=lambda r: (r[5], r[0]))
         return [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
 
-    def next_due(self, queues: Sequence[str]) -> float | None:
-        """Epoch seconds at which the next row of ``queues`` becomes claimable (due or lease run out), or None."""
+    def poll(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+    ) -> tuple[list[ClaimedDelivery], dict[str, float]]:
+        """:meth:`receive`, then :meth:`due_times` of ``queues`` (what the claim left)."""
+        claims = self.receive(queues, no_ack=no_ack, limit=limit, lease=lease)
+        return claims, self.due_times(queues)
+
+    def due_times(self, queues: Sequence[str]) -> dict[str, float]:
+        """For each of ``queues`` holding a row: epoch seconds at which its next row becomes claimable (due, or its
+        lease runs out). Queues without rows are left out."""
         now = self._now()
-        best: int | None = None
+        out: dict[str, float] = {}
         for queue in dict.fromkeys(queues):
             rows = self._read(
                 f"SELECT not_before FROM {_Q} WHERE queue = ? AND (lease_until IS NULL OR lease_until <= ?)"
@@ -294,10 +302,14 @@ class SQLiteQueue:
                 f"SELECT MIN(lease_until) FROM {_Q} WHERE queue = ? AND lease_until > ? HAVING COUNT(*) > 0",
                 (queue, now),
             )
-            for (value,) in rows:
-                if value is not None and (best is None or value < best):
-                    best = int(value)
-        return None if best is None else best / 1_000_000
+            found = [int(value) for (value,) in rows if value is not None]
+            if found:
+                out[queue] = min(found) / 1_000_000
+        return out
+
+    def next_due(self, queues: Sequence[str]) -> float | None:
+        """Epoch seconds at which the next row of ``queues`` becomes claimable (due or lease run out), or None."""
+        return min(self.due_times(queues).values(), default=None)
 
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
@@ -532,9 +544,9 @@ class SQLiteQueue:
         except sqlite3.Error as exc:
             raise WorldError(f"SQLite queue: {exc}") from exc
 
-    def wait_for_change(self, token: int, timeout: float) -> int:
-        """Block until another connection commits after ``token`` was taken, or ``timeout`` seconds pass."""
+    def wait_for_change(self, token: int, timeout: float) -> bool:
+        """Block until another connection commits after ``token`` was taken (True), or ``timeout`` seconds pass."""
         try:
-            return self.db.wait_for_change(token, timeout)
+            return self.db.wait_for_change(token, timeout) != token
         except sqlite3.Error as exc:
             raise WorldError(f"SQLite queue: {exc}") from exc

@@ -138,6 +138,10 @@ class World(Protocol):
 
     def get_run(self, run_id: str) -> RunView: ...
 
+    def get_run_with_events(self, run_id: str) -> tuple[RunView, list[Event]]:
+        """The run and all its events, read at one point in time (what a replay needs). RunNotFound if unknown."""
+        ...
+
     def list_runs(
         self,
         *,

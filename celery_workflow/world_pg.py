@@ -47,23 +47,21 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import errors as pg_errors
 from psycopg_pool import ConnectionPool
 
 from celery_workflow import events as rules
 from celery_workflow import ids
-from celery_workflow._pg import CHANNEL_RUNS, PgDatabase
+from celery_workflow._pg import CHANNEL_RUNS, PgDatabase, Script
+from celery_workflow._pg_append import LockedReads, SnapshotCache, WholeRun, lock_tokens_sql, releases, write_plan
 from celery_workflow._pg_rows import (
     COLUMNS,
     EVENT,
     HOOK,
     HOOK_H,
     RUN,
-    RUN_MUTABLE,
     STEP,
-    STEP_MUTABLE,
-    TOKEN_LOCK_SPACE,
     WAIT,
-    WAIT_MUTABLE,
     event,
     event_row,
     hook_view,
@@ -71,13 +69,17 @@ from celery_workflow._pg_rows import (
     row,
     run_view,
     step_view,
-    token_lock_keys,
-    update_sql,
-    view,
     wait_view,
 )
 from celery_workflow._world_checks import check_deliveries, normalise
-from celery_workflow.errors import EntityExists, HookNotFound, RunNotFound, StepNotFound, WorldError
+from celery_workflow.errors import (
+    CeleryWorkflowError,
+    EntityExists,
+    HookNotFound,
+    RunNotFound,
+    StepNotFound,
+    WorldError,
+)
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
 from celery_workflow.pg_queue import PostgresQueue, parse_receipt
 from celery_workflow.world import (
@@ -96,10 +98,6 @@ from celery_workflow.world_pg_streams import PgStreams
 __all__ = ["PostgresConfig", "PostgresWorld", "postgres_url"]
 
 Conn = psycopg.Connection[Any]
-
-#: Events after which the run may end (its tokens are then locked up front, see PostgresWorld._lock_tokens).
-_RUN_ENDING = frozenset({EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
-_TABLE = {"steps": "celery_workflow_steps", "hooks": "celery_workflow_hooks", "waits": "celery_workflow_waits"}
 
 
 class PostgresWorld:
@@ -127,6 +125,7 @@ class PostgresWorld:
         #: The queue store (shared with the Postgres Kombu transport).
         self.queue = PostgresQueue(self.db)
         self.streams = PgStreams(self.db, self.poll_interval)
+        self._snapshots = SnapshotCache()
         self._sweeper: RetentionSweeper | None = None
 
     @classmethod
@@ -153,36 +152,39 @@ class PostgresWorld:
         check_deliveries(deliveries)
         (created,) = normalise([NewEvent(EventType.RUN_CREATED, None, run.event_data())])
         rules.new_run(run.run_id, created.data, ids.utcnow())  # EventInvalid before any round trip
-
         write_id = uuid.uuid4().hex
 
         def tx(conn: Conn) -> tuple[RunView, bool]:
+            # One round trip: the run, its first event and its deliveries are inserted only if the run is new (the
+            # event and the deliveries are conditional on the event row this call wrote), then the run as stored
+            # and whether this call wrote it, which also answers a retry whose first commit lost its answer.
             view_, first = rules.new_run(run.run_id, created.data, ids.utcnow())
             values = row("runs", view_)
-            for _ in range(3):
-                cur = conn.execute(
-                    insert_sql("celery_workflow_runs", list(values)) + " ON CONFLICT (run_id) DO NOTHING",
-                    tuple(values.values()),
+            script = Script(conn)
+            script.add("BEGIN")
+            script.add(
+                insert_sql("celery_workflow_runs", list(values)) + " ON CONFLICT DO NOTHING", tuple(values.values())
+            )
+            script.add(
+                insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"]) + " ON CONFLICT DO NOTHING",
+                event_row(first, write_id),
+            )
+            mine = "EXISTS (SELECT 1 FROM celery_workflow_events WHERE run_id = %(w_run)s AND slot = 1 AND write_id = %(w_id)s)"
+            gate = {"w_run": run.run_id, "w_id": write_id}
+            self.queue.add_inserts(script, deliveries, when=(mine, gate))
+            stored = script.add(f"SELECT {RUN}, {mine} FROM celery_workflow_runs WHERE run_id = %(w_run)s", gate)
+            script.add("COMMIT")
+            found = script.send()[stored].one()
+            if found is None:  # pragma: no cover - the row was inserted or existed in this transaction
+                raise WorldError(f"run {run.run_id} kept appearing and disappearing")
+            existing, written = run_view(found[:-1]), bool(found[-1])
+            if not written and existing.workflow_name != run.workflow_name:
+                raise EntityExists(
+                    f"run {run.run_id} belongs to workflow {existing.workflow_name!r}, not {run.workflow_name!r}"
                 )
-                if cur.rowcount == 1:
-                    conn.execute(
-                        insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"]),
-                        event_row(first, write_id),
-                    )
-                    if deliveries:
-                        self.queue.insert(conn, deliveries)
-                    return view_, True
-                existing = self._load_run(conn, run.run_id)
-                if existing is not None:
-                    if existing.workflow_name != run.workflow_name:
-                        raise EntityExists(
-                            f"run {run.run_id} belongs to workflow {existing.workflow_name!r}, not {run.workflow_name!r}"
-                        )
-                    # created by this very call when an earlier attempt committed but its connection was lost
-                    return existing, bool(self._written_by(conn, run.run_id, write_id, slot=1))
-            raise WorldError(f"run {run.run_id} kept appearing and disappearing")  # pragma: no cover
+            return existing, written
 
-        return self.db.run(tx, what="create_run")
+        return self.db.run(tx, what="create_run", transaction=False)
 
     def append(
         self,
@@ -208,39 +210,95 @@ class PostgresWorld:
         def tx(conn: Conn) -> AppendResult:
             nonlocal attempts
             attempts += 1
+            if attempts == 1 and not keys.tokens:
+                kept = self._on_kept_snapshot(
+                    conn,
+                    run_id=run_id,
+                    batch=batch,
+                    expected_count=expected_count,
+                    deliveries=deliveries,
+                    ack=ack,
+                    durable=durable,
+                    write_id=write_id,
+                )
+                if kept is not None:
+                    return kept
+            # Two round trips: BEGIN and every read under the run's lock, then (rules applied here) every write
+            # and COMMIT. A rule violation or a lost connection leaves the transaction to be rolled back.
+            self._snapshots.forget(run_id)  # this path reads only what the batch names
+            script = Script(conn)
+            script.add("BEGIN")
             if not durable:
-                conn.execute("SET LOCAL synchronous_commit = off")
-            if attempts > 1:  # did an earlier attempt commit before its connection was lost?
-                current = self._load_run(conn, run_id, "FOR NO KEY UPDATE")
-                done = self._written_by(conn, run_id, write_id) if current is not None else []
-                if current is not None and done:
-                    return AppendResult(done, current)
-            snapshot = self._snapshot(conn, run_id, keys, batch)
+                script.add("SET LOCAL synchronous_commit = off")
+            reads = LockedReads(script, run_id, keys, batch, retry_of=write_id if attempts > 1 else None)
+            snapshot, done = reads.snapshot(script.send())
+            if done:  # an earlier attempt committed before its connection was lost
+                assert snapshot.run is not None
+                return AppendResult(done, snapshot.run)
             plan = rules.plan_append(snapshot, batch, now=ids.utcnow(), expected_count=expected_count)
-            self._write_plan(conn, plan, write_id)
-            if deliveries:
-                self.queue.insert(conn, deliveries)
-            if ack is not None:
-                self.queue.delete_claim(conn, ack)
-            if plan.run_ended:
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_RUNS, run_id))
+            self._finish(script, plan, write_id, deliveries, ack)
+            script.send()
             return AppendResult(plan.events, plan.run)
 
-        return self.db.run(tx, what="append", pipeline=True)
+        return self.db.run(tx, what="append", transaction=False)
+
+    def _on_kept_snapshot(
+        self,
+        conn: Conn,
+        *,
+        run_id: str,
+        batch: Sequence[NewEvent],
+        expected_count: int | None,
+        deliveries: Sequence[Delivery],
+        ack: str | None,
+        durable: bool,
+        write_id: str,
+    ) -> AppendResult | None:
+        """The batch planned on this process's snapshot of the run and written in one round trip, or None when
+        there is no usable snapshot or it proved stale (then nothing was written; see :mod:`_pg_append`)."""
+        kept = self._snapshots.get(run_id)
+        if kept is None:
+            return None
+        try:
+            plan = rules.plan_append(kept, batch, now=ids.utcnow(), expected_count=expected_count)
+        except CeleryWorkflowError:  # maybe only the snapshot is stale: fresh reads decide
+            self._snapshots.forget(run_id)
+            return None
+        if not plan.events:  # nothing would refuse a stale plan
+            return None
+        script = Script(conn)
+        script.add("BEGIN")
+        if not durable:
+            script.add("SET LOCAL synchronous_commit = off")
+        script.add("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (run_id,))
+        ending, disposed = releases(batch)
+        if ending or disposed:
+            script.add(*lock_tokens_sql(run_id, [], ending, disposed))
+        self._finish(script, plan, write_id, deliveries, ack)
+        try:
+            script.send()
+        except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation):
+            conn.rollback()  # the snapshot was stale: another writer took the slot, or the run is gone
+            self._snapshots.forget(run_id)
+            return None
+        self._snapshots.put(rules.advance(kept, plan))
+        return AppendResult(plan.events, plan.run)
+
+    def _finish(
+        self, script: Script, plan: rules.Plan, write_id: str, deliveries: Sequence[Delivery], ack: str | None
+    ) -> None:
+        """Queue the plan's writes, the deliveries, the ack, the run-end notification and COMMIT."""
+        write_plan(script, plan, write_id)
+        self.queue.add_inserts(script, deliveries)
+        if ack is not None:
+            self.queue.add_delete_claim(script, ack)
+        if plan.run_ended:
+            script.add("SELECT pg_notify(%s, %s)", (CHANNEL_RUNS, plan.run.run_id))
+        script.add("COMMIT")
 
     @staticmethod
-    def _written_by(conn: Conn, run_id: str, write_id: str, *, slot: int | None = None) -> list[Event]:
-        """The events of the run that the call ``write_id`` wrote (at ``slot`` only, if given)."""
-        sql = f"SELECT {EVENT} FROM celery_workflow_events WHERE run_id = %s AND write_id = %s"
-        params: tuple[Any, ...] = (run_id, write_id)
-        if slot is not None:
-            sql += " AND slot = %s"
-            params += (slot,)
-        return [event(r) for r in conn.execute(sql + " ORDER BY slot", params)]
-
-    @staticmethod
-    def _load_run(conn: Conn, run_id: str, lock: str = "") -> RunView | None:
-        stored = conn.execute(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s {lock}", (run_id,)).fetchone()
+    def _load_run(conn: Conn, run_id: str) -> RunView | None:
+        stored = conn.execute(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone()
         return None if stored is None else run_view(stored)
 
     @staticmethod
@@ -248,133 +306,28 @@ class PostgresWorld:
         if conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
             raise RunNotFound(f"run {run_id} does not exist")
 
-    def _snapshot(self, conn: Conn, run_id: str, keys: rules.Keys, batch: Sequence[NewEvent]) -> rules.Snapshot:
-        """What the rules need, read under the run's lock and the locks of the tokens the batch may touch."""
-        # every read is sent before any answer is awaited (pipeline mode): one round trip; the server runs them in
-        # order, so the entity reads see the state under the run's lock
-        run_cur = conn.execute(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (run_id,))
-        reads = []
-        for table, key, wanted in (
-            ("steps", "step_id", keys.steps),
-            ("hooks", "hook_id", keys.hooks),
-            ("waits", "wait_id", keys.waits),
-        ):
-            if wanted:
-                columns = ", ".join(COLUMNS[_TABLE[table]])
-                cur = conn.execute(
-                    f"SELECT {columns} FROM {_TABLE[table]} WHERE run_id = %s AND {key} = ANY(%s)",
-                    (run_id, sorted(wanted)),
-                )
-                reads.append((table, key, cur))
-        created_cur = (
-            conn.execute(
-                "SELECT correlation_id FROM celery_workflow_events WHERE run_id = %s"
-                " AND event_type IN ('hook_created', 'hook_conflict') AND correlation_id = ANY(%s)",
-                (run_id, sorted(keys.hooks)),
-            )
-            if keys.hooks
-            else None
-        )
-        stored_run = run_cur.fetchone()
-        snapshot = rules.Snapshot(None if stored_run is None else run_view(stored_run))
-        if snapshot.run is None:
-            return snapshot
-        found: dict[str, dict[str, Any]] = {"steps": snapshot.steps, "hooks": snapshot.hooks, "waits": snapshot.waits}
-        for table, key, cur in reads:
-            for stored in cur.fetchall():
-                item = view(table, stored)
-                found[table][getattr(item, key)] = item
-        if created_cur is not None:
-            snapshot.created_hooks.update(hook_id for (hook_id,) in created_cur.fetchall())
-        self._lock_tokens(conn, run_id, keys, batch, snapshot)
-        return snapshot
-
-    @staticmethod
-    def _lock_tokens(
-        conn: Conn, run_id: str, keys: rules.Keys, batch: Sequence[NewEvent], snapshot: rules.Snapshot
-    ) -> None:
-        """Lock every token the batch may claim or release, and record the live owners of the claimed ones.
-
-        Lock order, the same in every transaction, so that no two appends wait on each other in a cycle: the run
-        row (already held), then one advisory lock per claimed token (ascending keys; a free token has no row to
-        lock), then, in ONE statement in token order, the token rows of the claimed tokens and of the tokens the
-        batch may release (every token of the run when the batch holds a run-ending event, else those of the hooks
-        it disposes). :meth:`_write_plan` takes no further token lock.
-        """
-        ending = any(e.event_type in _RUN_ENDING for e in batch)
-        disposed = sorted({str(e.correlation_id) for e in batch if e.event_type is EventType.HOOK_DISPOSED})
-        if not (keys.tokens or ending or disposed):
-            return
-        for key in token_lock_keys(keys.tokens):
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (TOKEN_LOCK_SPACE, key))
-        for stored in conn.execute(
-            f"SELECT {HOOK_H} FROM celery_workflow_hook_tokens AS t JOIN celery_workflow_hooks AS h"
-            " ON h.run_id = t.run_id AND h.hook_id = t.hook_id"
-            " WHERE t.token = ANY(%s) OR (t.run_id = %s AND (%s OR t.hook_id = ANY(%s)))"
-            " ORDER BY t.token FOR UPDATE OF t",
-            (sorted(keys.tokens), run_id, ending, disposed),
-        ):
-            hook = hook_view(stored)
-            if hook.token in keys.tokens:
-                snapshot.token_owners[hook.token] = hook
-
-    @staticmethod
-    def _write_plan(conn: Conn, plan: rules.Plan, write_id: str) -> None:
-        if not plan.events:
-            return  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
-        run = plan.run
-        created = {
-            (e.event_type, e.correlation_id): e.slot for e in plan.events if e.event_type in rules.CREATION_EVENTS
-        }
-        cur = conn.cursor()
-        cur.executemany(
-            insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"]),
-            [event_row(e, write_id) for e in plan.events],
-        )
-        values = row("runs", run)
-        conn.execute(
-            update_sql("celery_workflow_runs", RUN_MUTABLE, ("run_id",)),
-            (*(values[c] for c in RUN_MUTABLE), run.run_id),
-        )
-        for table, items, mutable, key, kind in (
-            ("steps", plan.steps, STEP_MUTABLE, "step_id", EventType.STEP_CREATED),
-            ("waits", plan.waits, WAIT_MUTABLE, "wait_id", EventType.WAIT_CREATED),
-        ):
-            for item in items.values():
-                slot = created.get((kind, getattr(item, key)))
-                values = row(table, item, created_slot=slot)
-                if slot is None:
-                    conn.execute(
-                        update_sql(_TABLE[table], mutable, ("run_id", key)),
-                        (*(values[c] for c in mutable), values["run_id"], values[key]),
-                    )
-                else:
-                    conn.execute(insert_sql(_TABLE[table], list(values)), tuple(values.values()))
-        # Deleting a hook releases its token (hook_tokens references hooks ON DELETE CASCADE); the token rows were
-        # locked by _lock_tokens already.
-        if plan.run_ended:
-            conn.execute("DELETE FROM celery_workflow_hooks WHERE run_id = %s", (run.run_id,))
-            conn.execute("DELETE FROM celery_workflow_waits WHERE run_id = %s", (run.run_id,))
-        elif plan.hooks_deleted:
-            conn.execute(
-                "DELETE FROM celery_workflow_hooks WHERE run_id = %s AND hook_id = ANY(%s)",
-                (run.run_id, sorted(plan.hooks_deleted)),
-            )
-        for hook_id, hook in plan.hooks_inserted.items():
-            values = row("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)])
-            conn.execute(insert_sql("celery_workflow_hooks", list(values)), tuple(values.values()))
-            conn.execute(
-                "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at) VALUES (%s, %s, %s, %s)",
-                (hook.token, hook.run_id, hook_id, hook.created_at),
-            )
-
     # -- storage: reads ------------------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunView:
-        found = self.db.run(lambda conn: self._load_run(conn, run_id), what="get_run")
+        found = self.db.run(lambda conn: self._load_run(conn, run_id), what="get_run", transaction=False)
         if found is None:
             raise RunNotFound(f"run {run_id} does not exist")
         return found
+
+    def get_run_with_events(self, run_id: str) -> tuple[RunView, list[Event]]:
+        """The run and its log, read with the run's whole state in one round trip; that state is kept for the
+        run's next append (see :mod:`celery_workflow._pg_append`)."""
+
+        def tx(conn: Conn) -> tuple[rules.Snapshot | None, list[Event]]:
+            script = Script(conn)
+            reads = WholeRun(script, run_id)
+            return reads.read(script.send())
+
+        snapshot, log = self.db.run(tx, what="get_run_with_events", transaction=False)
+        if snapshot is None or snapshot.run is None:
+            raise RunNotFound(f"run {run_id} does not exist")
+        self._snapshots.put(snapshot)
+        return snapshot.run, log
 
     def list_runs(
         self,
@@ -401,7 +354,9 @@ class PostgresWorld:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY run_id DESC LIMIT %s"
-        stored = self.db.run(lambda conn: conn.execute(sql, (*params, limit + 1)).fetchall(), what="list_runs")
+        stored = self.db.run(
+            lambda conn: conn.execute(sql, (*params, limit + 1)).fetchall(), what="list_runs", transaction=False
+        )
         views = [run_view(r) for r in stored[:limit]]
         return Page(views, views[-1].run_id if len(stored) > limit else None)
 
@@ -415,7 +370,7 @@ class PostgresWorld:
                 self._require_run(conn, run_id)
             return [event(r) for r in stored]
 
-        return self.db.run(tx, what="list_events")
+        return self.db.run(tx, what="list_events", transaction=False)
 
     def get_step(self, run_id: str, step_id: str) -> StepView:
         def tx(conn: Conn) -> StepView:
@@ -427,7 +382,7 @@ class PostgresWorld:
                 raise StepNotFound(f"step {step_id} of run {run_id} does not exist")
             return step_view(stored)
 
-        return self.db.run(tx, what="get_step")
+        return self.db.run(tx, what="get_step", transaction=False)
 
     def _list(self, run_id: str, sql: str) -> list[Any]:
         def tx(conn: Conn) -> list[Any]:
@@ -436,7 +391,7 @@ class PostgresWorld:
                 self._require_run(conn, run_id)
             return stored
 
-        return self.db.run(tx, what="listing")
+        return self.db.run(tx, what="listing", transaction=False)
 
     def list_steps(self, run_id: str) -> list[StepView]:
         stored = self._list(run_id, f"SELECT {STEP} FROM celery_workflow_steps WHERE run_id = %s ORDER BY created_slot")
@@ -450,6 +405,7 @@ class PostgresWorld:
                 (token,),
             ).fetchone(),
             what="get_hook_by_token",
+            transaction=False,
         )
         if stored is None:
             raise HookNotFound(f"no live hook owns token {token!r}")

@@ -419,6 +419,16 @@ class SQLiteWorld:
             raise RunNotFound(f"run {run_id} does not exist")
         return view
 
+    def get_run_with_events(self, run_id: str) -> tuple[RunView, list[Event]]:
+        with self._tx("DEFERRED") as conn:
+            view = self._load_run(conn, run_id)
+            if view is None:
+                raise RunNotFound(f"run {run_id} does not exist")
+            rows = conn.execute(
+                f"SELECT {_EVENT} FROM celery_workflow_events WHERE run_id = ? ORDER BY slot", (run_id,)
+            ).fetchall()
+        return view, [_event(row) for row in rows]
+
     def list_runs(
         self,
         *,

@@ -154,14 +154,13 @@ class Runtime:
         started = time.monotonic()
         for _ in range(MAX_RESTARTS):
             try:
-                run = self.world.get_run(run_id)
+                run, events = self.world.get_run_with_events(run_id)
             except NotFound:
                 log.warning("delivery %s: run %s does not exist; dropping it", delivery_id, run_id)
                 return "missing"
             if run.status.terminal:
                 return "ended"
             wdef = self.registry.workflow(run.workflow_name)
-            events = self.world.list_events(run_id)
             effects = _WorkflowEffects(self, run, delivery_id, started, receipt)
             replay = Replay(
                 run=run, wdef=wdef, registry=self.registry, effects=effects, events=events, base_url=self.base_url

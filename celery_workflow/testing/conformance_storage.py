@@ -128,6 +128,15 @@ class StorageConformance:
         with pytest.raises(RunNotFound):
             world.list_events(ids.new_run_id())
 
+    def test_get_run_with_events_reads_the_run_and_its_whole_log(self, world: World) -> None:
+        run = create(world, started=True)
+        world.append(run.run_id, [step_created("s1"), step_created("s2")])
+        view, log = world.get_run_with_events(run.run_id)
+        assert view == world.get_run(run.run_id) and view.event_count == 4
+        assert log == world.list_events(run.run_id) and [e.slot for e in log] == [1, 2, 3, 4]
+        with pytest.raises(RunNotFound):
+            world.get_run_with_events(ids.new_run_id())
+
     def test_rejected_batch_writes_nothing(self, world: World) -> None:
         queue = unique("q")
         run = create(world, started=True)

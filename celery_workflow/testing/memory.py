@@ -201,6 +201,11 @@ class MemoryWorld:
         with self._cond:
             return self._get(run_id).view
 
+    def get_run_with_events(self, run_id: str) -> tuple[RunView, list[Event]]:
+        with self._cond:
+            run = self._get(run_id)
+            return run.view, list(run.events)
+
     def list_runs(
         self,
         *,

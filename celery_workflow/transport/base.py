@@ -110,6 +110,37 @@ def message_due(message: Mapping[str, Any]) -> float | None:
     return due
 
 
+def decode_claims(
+    store: BrokerStore, claims: Sequence[ClaimedDelivery], no_ack: Collection[str]
+) -> list[tuple[dict[str, Any], str]]:
+    """``(payload, queue)`` of each claimed Kombu message, its ``delivery_info`` carrying the claim's receipt and
+    attempts; an undecodable one is logged and backed off (never delivered, never lost)."""
+    out = []
+    for claim in claims:
+        try:
+            payload = _loads(claim.payload)
+            if not isinstance(payload, dict):
+                raise ValueError("not a Kombu message object")
+        except ValueError as exc:
+            logger.error("undecodable message %s on %r: %s", claim.receipt, claim.queue, exc)
+            if claim.queue not in no_ack:
+                store.retry_later(claim.receipt, backoff(claim.attempts))
+            continue
+        props = payload.get("properties")
+        if not isinstance(props, dict):
+            props = payload["properties"] = {}
+        info = props.get("delivery_info")
+        if not isinstance(info, dict):
+            info = props["delivery_info"] = {}
+        info.setdefault("exchange", "")
+        info.setdefault("routing_key", claim.queue)
+        info.update(redelivered=claim.attempts > 1, cw_receipt=claim.receipt, cw_attempts=claim.attempts)
+        props["delivery_tag"] = claim.receipt
+        payload["redelivered"] = claim.attempts > 1
+        out.append((payload, claim.queue))
+    return out
+
+
 class BindingRow(Protocol):
     @property
     def exchange(self) -> str: ...
@@ -136,11 +167,13 @@ class BrokerStore(Protocol):
     def receive(
         self, queues: Sequence[str], *, no_ack: Collection[str] = ..., limit: int = ..., lease: float = ...
     ) -> list[ClaimedDelivery]: ...
+    def poll(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = ..., limit: int = ..., lease: float = ...
+    ) -> tuple[list[ClaimedDelivery], dict[str, float]]: ...
     def ack(self, receipt: str) -> None: ...
     def release(self, receipt: str) -> None: ...
     def retry_later(self, receipt: str, delay: float) -> None: ...
     def extend(self, receipts: Sequence[str], lease: float) -> None: ...
-    def next_due(self, queues: Sequence[str]) -> float | None: ...
     def size(self, queue: str) -> int: ...
     def purge(self, queue: str) -> int: ...
     def declare_queue(
@@ -163,7 +196,7 @@ class BrokerStore(Protocol):
     def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
     def gc(self, *, consumer_timeout: float = ...) -> dict[str, int]: ...
     def change_token(self) -> Any: ...  # opaque: only ever handed back to wait_for_change
-    def wait_for_change(self, token: Any, timeout: float) -> object: ...
+    def wait_for_change(self, token: Any, timeout: float) -> bool: ...
 
 
 class StoreChannel(_VirtualChannel):  # type: ignore[misc]
@@ -205,30 +238,7 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
     ) -> list[tuple[dict[str, Any], str]]:
         """Claim due messages: leased, or deleted for ``no_ack`` queues; return ``(payload, queue)`` pairs."""
         claims = self.store.receive(queues, no_ack=no_ack, limit=limit, lease=self.connection.lease_seconds)
-        out = []
-        for claim in claims:
-            try:
-                payload = _loads(claim.payload)
-                if not isinstance(payload, dict):
-                    raise ValueError("not a Kombu message object")
-            except ValueError as exc:
-                logger.error("undecodable message %s on %r: %s", claim.receipt, claim.queue, exc)
-                if claim.queue not in no_ack:
-                    self.store.retry_later(claim.receipt, backoff(claim.attempts))
-                continue
-            props = payload.get("properties")
-            if not isinstance(props, dict):
-                props = payload["properties"] = {}
-            info = props.get("delivery_info")
-            if not isinstance(info, dict):
-                info = props["delivery_info"] = {}
-            info.setdefault("exchange", "")
-            info.setdefault("routing_key", claim.queue)
-            info.update(redelivered=claim.attempts > 1, cw_receipt=claim.receipt, cw_attempts=claim.attempts)
-            props["delivery_tag"] = claim.receipt
-            payload["redelivered"] = claim.attempts > 1
-            out.append((payload, claim.queue))
-        return out
+        return decode_claims(self.store, claims, no_ack)
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         got = self._receive([queue], self._noack_queues & {queue})
@@ -518,6 +528,11 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         self._next_heartbeat = self._next_gc = 0.0
         self._keeper: threading.Thread | None = None
         self._keeper_stop = threading.Event()
+        # what the last poll saw (see drain_events): its queues, when, a change since, each queue's next due time
+        self._polled: set[str] = set()
+        self._last_poll = -math.inf
+        self._dirty = True
+        self._due: dict[str, float] = {}
 
     def open_store(self) -> BrokerStore:
         """The store for ``self.client`` (its URL is ``self.client.hostname`` when ``can_parse_url``)."""
@@ -536,23 +551,54 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
     # -- event loop ----------------------------------------------------------------------------------------------
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
-        """Deliver one message; wait for store changes (bounded by due times) until ``timeout`` (socket.timeout)."""
+        """Deliver one message; wait for store changes (bounded by due times) until ``timeout`` (socket.timeout).
+
+        The store is asked only when something may have changed since it last answered: a change notification for
+        a consumed queue (or any change, for a store without per-queue notifications), a message claimed last time
+        (there may be more), a consumer with new prefetch room, a due time reached, or ``polling_interval`` passed.
+        One :meth:`BrokerStore.poll` claims from every consumable queue of every channel at once and, when there is
+        nothing, says when the next message is due: one round trip per wake-up.
+        """
         start = monotonic()
         while True:
             self.maintain()
             queues = self.consumable_queues()
             token = self.change_token(queues)
-            try:
-                self.cycle.get(self._deliver, timeout=timeout)
+            if queues and self._should_poll(queues) and self._poll(queues):
                 return
-            except Empty:
-                pass
             elapsed = monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise TimeoutError  # socket.timeout is TimeoutError
-            wait = self.polling_interval if timeout is None else min(self.polling_interval, timeout - elapsed)
-            wait = min(wait, self._until_due(queues), self._until_maintenance())
-            self.wait_for_change(token, max(wait, MIN_WAIT))
+            wait = self.polling_interval - (monotonic() - self._last_poll) if queues else self.polling_interval
+            if timeout is not None:
+                wait = min(wait, timeout - elapsed)
+            wait = min(wait, self._next_due(queues) - time.time(), self._until_maintenance())
+            if self.wait_for_change(token, max(wait, MIN_WAIT)):
+                self._dirty = True
+
+    def _next_due(self, queues: Sequence[str]) -> float:
+        return min((self._due.get(q, math.inf) for q in queues), default=math.inf)
+
+    def _should_poll(self, queues: list[str]) -> bool:
+        return (
+            self._dirty
+            or not self._polled.issuperset(queues)  # a consumer with new room: its queue may have filled meanwhile
+            or time.time() >= self._next_due(queues)
+            or monotonic() - self._last_poll >= self.polling_interval
+        )
+
+    def _poll(self, queues: list[str]) -> bool:
+        """Claim one message of ``queues`` and deliver it; remember when each queue has its next message due.
+
+        Returns True if a message was delivered.
+        """
+        no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}.intersection(queues)
+        claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=1, lease=self.lease_seconds)
+        self._polled, self._last_poll, self._dirty = set(queues), monotonic(), False
+        delivered = decode_claims(self.store, claims, no_ack)
+        for payload, queue in delivered:
+            self._deliver(payload, queue)
+        return bool(delivered)
 
     def consumable_queues(self) -> list[str]:
         """The queues consumed by open channels that have prefetch room."""
@@ -570,13 +616,9 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         """
         return self.store.change_token()
 
-    def wait_for_change(self, token: Any, timeout: float) -> None:
-        """Block until the store changed after ``token`` was taken, or ``timeout`` seconds pass."""
-        self.store.wait_for_change(token, timeout)
-
-    def _until_due(self, queues: Sequence[str]) -> float:
-        due = self.store.next_due(queues) if queues else None
-        return math.inf if due is None else max(due - time.time(), 0.0)
+    def wait_for_change(self, token: Any, timeout: float) -> bool:
+        """Block until the store changed after ``token`` was taken (True), or ``timeout`` seconds pass."""
+        return bool(self.store.wait_for_change(token, timeout))
 
     def _until_maintenance(self) -> float:
         return max(min(self._next_heartbeat, self._next_gc) - monotonic(), 0.0)

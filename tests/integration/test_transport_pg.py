@@ -115,9 +115,9 @@ def waiting_spy(conn: Connection) -> threading.Event:
     transport = conn.transport
     original = transport.wait_for_change
 
-    def spy(token: Any, timeout: float) -> None:
+    def spy(token: Any, timeout: float) -> bool:
         entered.set()
-        original(token, timeout)
+        return bool(original(token, timeout))
 
     transport.wait_for_change = spy
     return entered

@@ -1,0 +1,172 @@
+"""The Postgres World's kept snapshots: one-round-trip appends planned on a run's state read earlier.
+
+The whole conformance suite runs again through a World that reads each run's whole state before every append, so
+every rule is checked on the kept-snapshot path too; the other tests make the kept snapshot stale on purpose (another
+World on the same schema writes in between) and check that the stale plan is refused and the batch planned again on
+fresh reads, with the same outcome as without a kept snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from celery_workflow import _pg, ids
+from celery_workflow.errors import EntityTerminal, RunNotFound, RunTerminal, StaleLog, StepNotFound
+from celery_workflow.events import EventType, NewEvent, RunStatus
+from celery_workflow.testing.conformance import WorldConformance
+from celery_workflow.world import AppendResult, NewRun, World
+from celery_workflow.world_pg import PostgresWorld
+from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
+
+
+class Preloading:
+    """A PostgresWorld that reads the run's whole state before every append (as a workflow delivery does)."""
+
+    def __init__(self, inner: PostgresWorld) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def append(self, run_id: str, events: Sequence[NewEvent], **kwargs: Any) -> AppendResult:
+        try:
+            self.inner.get_run_with_events(run_id)
+        except RunNotFound:
+            pass
+        return self.inner.append(run_id, events, **kwargs)
+
+
+class TestPostgresWorldOnKeptSnapshots(WorldConformance):
+    @pytest.fixture
+    def world(self, pg_url: str) -> Iterator[World]:
+        w = PostgresWorld.open(pg_url)
+        yield Preloading(w)  # type: ignore[misc]
+        w.close()
+
+
+@pytest.fixture(name="pg_world")
+def pg_world_fixture(pg_url: str) -> Iterator[PostgresWorld]:
+    w = PostgresWorld.open(pg_url)
+    yield w
+    w.close()
+
+
+@pytest.fixture(name="pair")
+def pair_fixture(pg_url: str) -> Iterator[tuple[PostgresWorld, PostgresWorld]]:
+    """Two Worlds on one schema: two processes' worth of kept snapshots."""
+    a, b = PostgresWorld.open(pg_url), PostgresWorld.open(pg_url)
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.fixture(name="round_trips")
+def round_trips_fixture(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first statement of every Script sent (one entry per round trip of a script)."""
+    sent: list[str] = []
+    original = _pg.Script.send
+
+    def send(self: _pg.Script) -> list[_pg.Result]:
+        sent.append(" ".join(sql for sql, _ in self._queued[:3]))
+        return original(self)
+
+    monkeypatch.setattr(_pg.Script, "send", send)
+    return sent
+
+
+def started_run(world: PostgresWorld) -> str:
+    run_id = ids.new_run_id()
+    world.create_run(NewRun(run_id, "wf", {"args": [], "kwargs": {}}))
+    world.append(run_id, [NewEvent(EventType.RUN_STARTED)])
+    return run_id
+
+
+def created(step_id: str) -> NewEvent:
+    return NewEvent(EventType.STEP_CREATED, step_id, {"step_name": "s", "input": {"args": [], "kwargs": {}}})
+
+
+def started(step_id: str) -> NewEvent:
+    return NewEvent(EventType.STEP_STARTED, step_id, {})
+
+
+def completed(step_id: str, result: Any = 1) -> NewEvent:
+    return NewEvent(EventType.STEP_COMPLETED, step_id, {"result": result})
+
+
+def test_appends_after_a_whole_read_take_one_round_trip_each(pg_world: PostgresWorld, round_trips: list[str]) -> None:
+    run_id = started_run(pg_world)
+    pg_world.get_run_with_events(run_id)
+    round_trips.clear()
+    pg_world.append(run_id, [created("s1"), started("s1")], durable=False)
+    pg_world.append(run_id, [completed("s1"), created("s2"), started("s2")], durable=False)
+    pg_world.append(run_id, [completed("s2"), NewEvent(EventType.RUN_COMPLETED, None, {"output": 2})])
+    assert len(round_trips) == 3
+    assert [e.slot for e in pg_world.list_events(run_id)] == list(range(1, 10))
+    assert pg_world.get_run(run_id).status is RunStatus.COMPLETED
+    assert len(pg_world._snapshots) == 0  # a terminal run is not kept
+
+
+def test_without_a_whole_read_an_append_takes_two_round_trips(pg_world: PostgresWorld, round_trips: list[str]) -> None:
+    run_id = started_run(pg_world)
+    round_trips.clear()
+    pg_world.append(run_id, [created("s1")])
+    assert len(round_trips) == 2
+
+
+def test_a_slot_taken_meanwhile_refuses_the_kept_plan_and_the_batch_is_planned_again(
+    pair: tuple[PostgresWorld, PostgresWorld],
+) -> None:
+    a, b = pair
+    run_id = started_run(a)
+    a.get_run_with_events(run_id)
+    b.append(run_id, [created("by-b")])  # a's snapshot is now one event behind
+    result = a.append(run_id, [created("by-a")])
+    assert [e.slot for e in result.events] == [4]
+    log = a.list_events(run_id)
+    assert [(e.slot, e.correlation_id) for e in log[2:]] == [(3, "by-b"), (4, "by-a")]
+    assert {s.step_id for s in a.list_steps(run_id)} == {"by-a", "by-b"}
+
+
+def test_a_rule_violation_on_a_stale_snapshot_is_decided_on_fresh_reads(
+    pair: tuple[PostgresWorld, PostgresWorld],
+) -> None:
+    a, b = pair
+    run_id = started_run(a)
+    a.get_run_with_events(run_id)
+    b.append(run_id, [created("s1"), started("s1")])
+    # a's snapshot has no s1: on fresh reads the completion is valid
+    assert [e.event_type for e in a.append(run_id, [completed("s1")]).events] == [EventType.STEP_COMPLETED]
+    a.get_run_with_events(run_id)
+    with pytest.raises(StepNotFound):
+        a.append(run_id, [completed("never-created")])
+
+
+def test_a_stale_snapshot_does_not_hide_a_terminal_step_or_a_moved_log(
+    pair: tuple[PostgresWorld, PostgresWorld],
+) -> None:
+    a, b = pair
+    run_id = started_run(a)
+    a.append(run_id, [created("s1"), started("s1")])
+    a.get_run_with_events(run_id)
+    b.append(run_id, [completed("s1", "from b")])  # a still sees s1 running
+    with pytest.raises(EntityTerminal):
+        a.append(run_id, [completed("s1", "from a")])
+    seen = a.get_run_with_events(run_id)[0].event_count
+    b.append(run_id, [created("s2")])  # the log moves past what a replayed
+    with pytest.raises(StaleLog):
+        a.append(run_id, [created("s3")], expected_count=seen)
+    results = [e.data.get("result") for e in a.list_events(run_id) if e.event_type is EventType.STEP_COMPLETED]
+    assert results == ["from b"]
+
+
+def test_a_run_ended_elsewhere_is_refused_on_fresh_reads(pair: tuple[PostgresWorld, PostgresWorld]) -> None:
+    a, b = pair
+    run_id = started_run(a)
+    a.get_run_with_events(run_id)
+    b.append(run_id, [NewEvent(EventType.RUN_CANCELLED, None, {})])
+    with pytest.raises(RunTerminal):
+        a.append(run_id, [created("late")])
+    assert a.get_run(run_id).status is RunStatus.CANCELLED
