@@ -5,10 +5,10 @@ Measured, one after another on the same machine and the same Postgres:
 * **celery_workflow** on the Postgres World, through a real ``celery worker`` subprocess: sequential runs of no-op
   workflows of 1 and 10 steps, each started by a client and waited for (``run.result()``);
 * **plain Celery** on Redis: a chain of the same number of no-op tasks (not durable), same pool;
-* **DBOS Transact** (if installed: ``pip install dbos``) with the same workflow, sequential, in-process, on its own
-  database of the same server;
+* **DBOS Transact** with the same workflow, sequential, in-process, on its own database of the same server;
 * **pgbench**: one-row INSERT transactions on one connection, the ceiling of sequential durable commits.
 
+Install what it compares with ``pip install -e '.[bench]'`` (psycopg, redis, DBOS) and have ``pgbench`` on the PATH.
 It prints steps/s, p50/p99 start-to-result latency, Postgres commits and WAL flushes per step, and the ratios.
 """
 

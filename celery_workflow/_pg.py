@@ -76,7 +76,10 @@ class PgDatabase:
         max_size: int = 10,
         retries: int = 8,
         timeout: float = 30.0,
+        lazy_commits: bool = False,
     ) -> None:
+        """``lazy_commits``: the sessions of a pool opened here commit without waiting for the disk
+        (``synchronous_commit = off``); statements that must be durable say so (``SET LOCAL``)."""
         if pool is None and url is None:
             raise ConfigurationError("PgDatabase needs a pool or a URL")
         self.url = url
@@ -84,6 +87,7 @@ class PgDatabase:
         self.max_size = max_size
         self.retries = retries
         self.timeout = timeout  # longest wait for a pooled connection (an outage fails fast, then retries)
+        self.lazy_commits = lazy_commits and pool is None
         self._own = pool is None
         self._pool = pool
         self._pid = os.getpid()
@@ -112,6 +116,7 @@ class PgDatabase:
                 self._pool = ConnectionPool(
                     self.conninfo,
                     kwargs={"autocommit": True},  # BEGIN only where a transaction is asked for
+                    configure=_lazy_session if self.lazy_commits else _session,
                     min_size=self.min_size,
                     max_size=self.max_size,
                     timeout=self.timeout,
@@ -206,6 +211,20 @@ class PgDatabase:
             if self._listener is None:
                 self._listener = Listener(self.conninfo, CHANNELS)
             return self._listener
+
+
+#: Session settings of the pools PgDatabase opens. Every statement here is prepared (psycopg prepares a statement
+#: after a few runs) and looks rows up by key; a generic plan serves them all, where the default would plan most of
+#: them anew on every execution (their custom plans look cheaper), which costs more than running them.
+_SESSION = "SET plan_cache_mode = force_generic_plan"
+
+
+def _session(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(_SESSION)
+
+
+def _lazy_session(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(f"{_SESSION}; SET synchronous_commit = off")
 
 
 def _autocommit(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:

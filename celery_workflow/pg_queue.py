@@ -128,6 +128,33 @@ WITH picked AS (
 SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
 """
 
+# A claim as in _RECEIVE, then (same statement) each queue's next due time among the rows it did not claim: the
+# seconds until its next row is due, or until the earliest lease it already held runs out (rows claimed by this
+# statement are left out: their new lease is not visible to it).
+_POLL = _RECEIVE.replace(
+    "SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id",
+    f"""claimed AS (SELECT * FROM leased UNION ALL SELECT * FROM taken)
+SELECT c.id, c.queue, c.payload, c.attempts, c.run_id, c.not_before, NULL::float8 AS due_in FROM claimed AS c
+UNION ALL
+SELECT NULL::bigint, n.name, NULL::bytea, NULL::integer, NULL::text, NULL::timestamptz,
+       EXTRACT(EPOCH FROM LEAST(d.not_before, l.lease_until) - {_NOW})::float8
+FROM unnest(%(queues)s::text[]) AS n(name)
+LEFT JOIN LATERAL (
+    SELECT q.not_before FROM {_Q} AS q
+    WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
+      AND (q.expires_at IS NULL OR q.expires_at > {_NOW}) AND q.id NOT IN (SELECT id FROM picked)
+    ORDER BY q.not_before, q.id LIMIT 1
+) AS d ON true
+LEFT JOIN LATERAL (
+    SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
+    ORDER BY q.lease_until LIMIT 1
+) AS l ON true
+WHERE d.not_before IS NOT NULL OR l.lease_until IS NOT NULL""",
+).replace(
+    "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n)\n",
+    "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n),\n",
+)
+
 # Per queue: seconds from now until its next row is claimable (due, or its lease runs out); queues without rows
 # are left out.
 _DUE_TIMES = f"""
@@ -191,36 +218,34 @@ class PostgresQueue:
     def _local_now(self) -> float:
         return time.time() if self.clock is None else self.clock()
 
-    def _rows(self, what: str, sql: str, *, lazy: bool = False, **values: Any) -> list[tuple[Any, ...]]:
+    def _rows(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> list[tuple[Any, ...]]:
         """Run one statement in its own transaction (one round trip); its rows (none for a statement without a
-        result). ``lazy``: commit without waiting for the disk (see the module docstring)."""
+        result). ``commit_mode``: ``"lazy"`` commits without waiting for the disk, ``"disk"`` is on disk when this
+        returns (see the module docstring), ``""`` as the session does."""
+        return self._run(what, sql, values, commit_mode)[0]
+
+    def _rowcount(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> int:
+        return self._run(what, sql, values, commit_mode)[1]
+
+    def _run(self, what: str, sql: str, values: dict[str, Any], commit_mode: str) -> tuple[list[tuple[Any, ...]], int]:
         params = self._params(**values)
+        setting = None
+        if commit_mode == "lazy" and not self.db.lazy_commits:
+            setting = "off"
+        elif commit_mode == "disk" and self.db.lazy_commits:
+            setting = "on"
 
-        def go(conn: Conn) -> list[tuple[Any, ...]]:
-            if lazy:
-                script = Script(conn)
-                script.add("BEGIN")
-                script.add("SET LOCAL synchronous_commit = off")
-                index = script.add(sql, params)
-                script.add("COMMIT")
-                return script.send()[index].rows
-            cur = conn.execute(sql, params)
-            return cur.fetchall() if cur.description is not None else []
-
-        return self.db.run(go, what=f"queue: {what}", transaction=False)
-
-    def _rowcount(self, what: str, sql: str, *, lazy: bool = False, **values: Any) -> int:
-        params = self._params(**values)
-
-        def go(conn: Conn) -> int:
-            if lazy:
-                script = Script(conn)
-                script.add("BEGIN")
-                script.add("SET LOCAL synchronous_commit = off")
-                index = script.add(sql, params)
-                script.add("COMMIT")
-                return script.send()[index].rowcount
-            return int(conn.execute(sql, params).rowcount)
+        def go(conn: Conn) -> tuple[list[tuple[Any, ...]], int]:
+            if setting is None:  # one statement, one round trip
+                cur = conn.execute(sql, params)
+                return (cur.fetchall() if cur.description is not None else []), int(cur.rowcount)
+            script = Script(conn)
+            script.add("BEGIN")
+            script.add(f"SET LOCAL synchronous_commit = {setting}")
+            index = script.add(sql, params)
+            script.add("COMMIT")
+            result = script.send()[index]
+            return result.rows, result.rowcount
 
         return self.db.run(go, what=f"queue: {what}", transaction=False)
 
@@ -273,10 +298,13 @@ class PostgresQueue:
 
         def go(conn: Conn) -> list[bool]:
             script = Script(conn)
-            if len(deliveries) > 1:
+            whole = len(deliveries) > 1 or self.db.lazy_commits
+            if whole:
                 script.add("BEGIN")
+            if self.db.lazy_commits:
+                script.add("SET LOCAL synchronous_commit = on")  # a stored message is on disk
             slots = self.add_inserts(script, deliveries)
-            if len(deliveries) > 1:
+            if whole:
                 script.add("COMMIT")
             results = script.send()  # one round trip for the whole transaction
             return [len(results[i].rows) == 1 for i in slots]
@@ -293,7 +321,7 @@ class PostgresQueue:
         self._rowcount(
             "ack",
             f"DELETE FROM {_Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
-            lazy=True,
+            commit_mode="lazy",
             id=row_id,
             attempts=attempts,
         )
@@ -323,7 +351,7 @@ class PostgresQueue:
             f"WITH r AS (UPDATE {_Q} SET lease_until = NULL"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL RETURNING queue)"
             f" SELECT {_NOTIFY} FROM r",
-            lazy=True,
+            commit_mode="lazy",
             id=row_id,
             attempts=attempts,
         )
@@ -335,7 +363,7 @@ class PostgresQueue:
             "retry later",
             f"UPDATE {_Q} SET lease_until = NULL, not_before = {_NOW} + %(delay)s"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
-            lazy=True,
+            commit_mode="lazy",
             id=row_id,
             attempts=attempts,
             delay=timedelta(seconds=max(delay, 0.0)),
@@ -351,7 +379,7 @@ class PostgresQueue:
             f"UPDATE {_Q} AS q SET lease_until = {_NOW} + %(lease)s"
             " FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)"
             " WHERE q.id = r.id AND q.attempts = r.attempts AND q.lease_until IS NOT NULL",
-            lazy=True,
+            commit_mode="lazy",
             ids=[p[0] for p in parsed],
             attempts=[p[1] for p in parsed],
             lease=timedelta(seconds=lease),
@@ -372,6 +400,7 @@ class PostgresQueue:
         rows = self._rows(
             "put",
             _INSERT,
+            commit_mode="disk",
             queue=queue,
             payload=bytes(payload),
             run_id=run_id,
@@ -382,7 +411,11 @@ class PostgresQueue:
 
     def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
         """Insert a copy of the message on every queue bound to ``exchange`` (and notify each); return the count."""
-        return len(self._rows("fanout", _FANOUT, exchange=exchange, payload=bytes(payload), due=_at(not_before)))
+        return len(
+            self._rows(
+                "fanout", _FANOUT, commit_mode="disk", exchange=exchange, payload=bytes(payload), due=_at(not_before)
+            )
+        )
 
     def receive(
         self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
@@ -397,7 +430,7 @@ class PostgresQueue:
         rows = self._rows(
             "claim",
             _RECEIVE,
-            lazy=True,
+            commit_mode="lazy",
             queues=list(dict.fromkeys(queues)),
             no_ack=list(no_ack),
             limit=limit,
@@ -408,27 +441,22 @@ class PostgresQueue:
     def poll(
         self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
     ) -> tuple[list[ClaimedDelivery], dict[str, float]]:
-        """:meth:`receive`, then :meth:`due_times` of ``queues`` (what the claim left), in one round trip (the two
-        statements sent as one query)."""
+        """:meth:`receive`, then :meth:`due_times` of ``queues`` (what the claim left), in one statement."""
         if not queues or limit <= 0:
             return [], {}
         names = list(dict.fromkeys(queues))
-        claim = self._params(queues=names, no_ack=list(no_ack), limit=limit, lease=timedelta(seconds=lease))
+        claim: dict[str, Any] = {
+            "queues": names,
+            "no_ack": list(no_ack),
+            "limit": limit,
+            "lease": timedelta(seconds=lease),
+        }
 
-        def go(conn: Conn) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-            script = Script(conn)
-            script.add("BEGIN")
-            script.add("SET LOCAL synchronous_commit = off")  # a claim lost in a crash is a redelivery
-            claimed = script.add(_RECEIVE, claim)
-            dues = script.add(_DUE_TIMES, self._params(queues=names))
-            script.add("COMMIT")
-            results = script.send()
-            return results[claimed].rows, results[dues].rows
-
-        rows, dues = self.db.run(go, what="queue: claim", transaction=False)
+        rows = self._rows("claim", _POLL, commit_mode="lazy", **claim)
         now = self._local_now()
-        claims = [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
-        return claims, {str(name): now + float(seconds) for name, seconds in dues}
+        claimed = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
+        claims = [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in claimed]
+        return claims, {str(r[1]): now + float(r[6]) for r in rows if r[0] is None}
 
     def due_times(self, queues: Sequence[str]) -> dict[str, float]:
         """For each of ``queues`` holding a row: epoch seconds (this process's clock) at which its next row becomes
@@ -613,7 +641,7 @@ class PostgresQueue:
             f" SELECT u.name, %(consumer)s, {_NOW} FROM unnest(%(names)s::text[]) AS u(name)"
             " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at)"
             f" UPDATE {_QUEUES} SET last_used = {_NOW} WHERE name = ANY(%(names)s::text[]) RETURNING name",
-            lazy=True,
+            commit_mode="lazy",
             consumer=consumer,
             names=sorted(names),
         )

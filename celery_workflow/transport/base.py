@@ -533,6 +533,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         self._last_poll = -math.inf
         self._dirty = True
         self._due: dict[str, float] = {}
+        self._token: Any = None  # the change token taken just before the last poll
 
     def open_store(self) -> BrokerStore:
         """The store for ``self.client`` (its URL is ``self.client.hostname`` when ``can_parse_url``)."""
@@ -563,9 +564,12 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         while True:
             self.maintain()
             queues = self.consumable_queues()
-            token = self.change_token(queues)
-            if queues and self._should_poll(queues) and self._poll(queues):
-                return
+            if queues and self._should_poll(queues):
+                token = self.change_token(queues)  # before the poll: a change during it is seen by the wait below
+                delivered = self._poll(queues)
+                self._token = token
+                if delivered:
+                    return
             elapsed = monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise TimeoutError  # socket.timeout is TimeoutError
@@ -573,6 +577,8 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             if timeout is not None:
                 wait = min(wait, timeout - elapsed)
             wait = min(wait, self._next_due(queues) - time.time(), self._until_maintenance())
+            # changes since the last poll (even those before this call) end the wait at once
+            token = self._token if self._token is not None else self.change_token(queues)
             if self.wait_for_change(token, max(wait, MIN_WAIT)):
                 self._dirty = True
 

@@ -123,13 +123,15 @@ def mask_password(url: str, mask: str = "**") -> str:
 
 
 def broker_database(url: str, *, pool_timeout: float = 2.0) -> PgDatabase:
-    """A :class:`PgDatabase` whose pool waits at most ``pool_timeout`` seconds for a connection.
+    """A :class:`PgDatabase` whose pool waits at most ``pool_timeout`` seconds for a connection and whose sessions
+    commit lazily (claims, acks, leases, declarations: see :mod:`celery_workflow.pg_queue`; published messages are
+    still on disk when ``put`` returns).
 
     psycopg_pool waits 30 s by default, and :meth:`PgDatabase.run` retries lost connections 8 times: with the
     database refusing connections, a consumer would block for minutes before Celery's own reconnection (with its
     logging, backoff and prompt shutdown) could take over. With 2 s it gives up after about 25 s.
     """
-    return PgDatabase(url=url, timeout=pool_timeout)
+    return PgDatabase(url=url, timeout=pool_timeout, lazy_commits=True)
 
 
 def shared_queue(url: str, *, pool_timeout: float = 2.0) -> PostgresQueue:

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -156,6 +157,40 @@ def test_notify_wakes_a_waiting_consumer_long_before_the_polling_interval(
             assert time.monotonic() - started < 3
             thread.join(5)
     assert [b for b, _ in got] == [{"from": "kombu"}, {"from": "world"}]
+
+
+def test_a_waiting_consumer_asks_the_store_only_when_something_may_have_changed(
+    connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notifications for other queues cost no query; a delayed message is claimed when due, without a notification
+    and long before the polling interval."""
+    conn = connect(**SLOW_POLLING)
+    polls: list[list[str]] = []
+    original = conn.transport.pg_queue.poll
+
+    def counting(queues: Any, **kwargs: Any) -> Any:
+        polls.append(list(queues))
+        return original(queues, **kwargs)
+
+    monkeypatch.setattr(conn.transport.pg_queue, "poll", counting)
+    got: list[Any] = []
+    producer = Producer(connect().channel())
+    with Consumer(conn.channel(), [Queue("watched")], callbacks=[collector(got)], accept=["json"]):
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.3)
+        idle = len(polls)
+        for n in range(5):
+            producer.publish({"n": n}, routing_key="elsewhere")
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=1.0)
+        assert len(polls) == idle
+        eta = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat()
+        producer.publish({"n": "later"}, routing_key="watched", headers={"eta": eta})
+        started = time.monotonic()
+        drain(conn, lambda: bool(got), timeout=10)
+        assert 1.0 < time.monotonic() - started < 5
+    assert [b for b, _ in got] == [{"n": "later"}]
+    assert len(polls) - idle <= 4  # the publish (nothing due), the due time, maybe a spurious wake-up
 
 
 def test_an_ack_that_frees_prefetch_room_wakes_the_consumer(connect: Callable[..., Connection]) -> None:

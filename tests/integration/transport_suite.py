@@ -115,6 +115,21 @@ class TransportSuite:
         assert datetime.now(UTC) >= due
         assert {b["k"] for b, _ in received} == {"eta", "nb"}
 
+    def test_one_poll_claims_and_tells_when_each_queue_has_its_next_message(self, store: Any) -> None:
+        now = time.time()
+        store.put("poll-now", b"{}")
+        store.put("poll-later", b"{}", not_before=now + 60)
+        queues = ["poll-now", "poll-later", "poll-empty"]
+        claims, due = store.poll(queues, lease=30)
+        assert [c.queue for c in claims] == ["poll-now"]
+        assert "poll-empty" not in due  # an empty queue has no due time
+        assert due["poll-later"] == pytest.approx(now + 60, abs=5)
+        assert due.get("poll-now", now + 30) == pytest.approx(now + 30, abs=5)  # the claim's lease (if seen) ends
+        claims, again = store.poll(queues, lease=30)
+        assert claims == [] and set(again) == {"poll-now", "poll-later"}
+        assert again["poll-now"] == pytest.approx(now + 30, abs=5)  # claimable again when the lease runs out
+        assert again["poll-later"] == pytest.approx(due["poll-later"], abs=1)
+
     def test_idempotency_key_property_dedups(self, connect: Callable[..., Connection], store: Any) -> None:
         producer = Producer(connect().channel())
         for _ in range(3):

@@ -448,3 +448,46 @@ def test_a_batch_equals_its_events_appended_one_by_one(batch: list[NewEvent]) ->
         assert apart.state() == together.state()
     else:
         assert together.state() == untouched  # all or nothing
+
+
+def _whole(model: Model) -> Snapshot:
+    """Everything a World knows of the run (what the Postgres World keeps between appends)."""
+    return Snapshot(
+        run=model.run,
+        steps=dict(model.steps),
+        hooks=dict(model.hooks),
+        waits=dict(model.waits),
+        created_hooks={
+            str(e.correlation_id)
+            for e in model.log
+            if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
+        },
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_HISTORIES)
+def test_a_kept_snapshot_advanced_by_each_plan_plans_like_fresh_reads(batches: list[list[NewEvent]]) -> None:
+    model = Model(status=RunStatus.PENDING)
+    kept = _whole(model)
+    for batch in batches:
+        owners = {k: v for k, v in model.tokens.items() if k in keys_of(batch).tokens}  # always read afresh
+        on_kept: Plan | type[Exception]
+        try:
+            on_kept = plan_append(
+                dataclasses.replace(kept, token_owners=owners), batch, now=model.now + timedelta(seconds=1)
+            )
+        except EventRejected as exc:
+            on_kept = type(exc)
+        try:
+            plan = model.append(batch)
+        except EventRejected as exc:
+            assert on_kept is type(exc)
+            continue
+        assert isinstance(on_kept, Plan)
+        if plan.run_ended:  # every hook of the run goes; which ones the plan names depends on what was read
+            assert dataclasses.replace(on_kept, hooks_deleted={}) == dataclasses.replace(plan, hooks_deleted={})
+        else:
+            assert on_kept == plan
+        kept = events.advance(kept, plan)
+        assert kept == _whole(model)
