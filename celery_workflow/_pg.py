@@ -247,9 +247,8 @@ class Script:
 
     Use it on an autocommit connection (``PgDatabase.run(..., transaction=False)``) and put ``BEGIN`` / ``COMMIT``
     in the script itself: a transaction of N statements then costs one round trip, or two when its writes depend on
-    what it read (read under lock, decide in Python, then write and commit). Statements use server-side binding and
-    are prepared by psycopg once a connection has run them a few times, so the server plans each statement once per
-    connection. Each statement still gets its own snapshot (READ COMMITTED), so reads after a lock see the state
+    what it read (read under lock, decide in Python, then write and commit). Statements with parameters are prepared
+    on each connection the first time it runs them, so the server plans each once per connection. Each statement still gets its own snapshot (READ COMMITTED), so reads after a lock see the state
     under that lock. An error aborts the rest of the script (and the transaction it is in) and is raised by
     :meth:`send`.
     """
@@ -273,7 +272,7 @@ class Script:
         queued, self._queued = self._queued, []
         conn = self._conn
         with conn.pipeline():
-            cursors = [conn.execute(sql, params) for sql, params in queued]
+            cursors = [conn.execute(sql, params, prepare=params is not None) for sql, params in queued]
         return [Result(cur.fetchall() if cur.description is not None else [], cur.rowcount) for cur in cursors]
 
 

@@ -237,7 +237,7 @@ class PostgresQueue:
 
         def go(conn: Conn) -> tuple[list[tuple[Any, ...]], int]:
             if setting is None:  # one statement, one round trip
-                cur = conn.execute(sql, params)
+                cur = conn.execute(sql, params, prepare=True)
                 return (cur.fetchall() if cur.description is not None else []), int(cur.rowcount)
             script = Script(conn)
             script.add("BEGIN")

@@ -22,10 +22,13 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
   refresh their queues every ``heartbeat_interval`` (at most a quarter of the shortest ``x-expires``) and
   :meth:`BrokerStore.gc` (every ``gc_interval``) collects unused queues, auto_delete queues of dead consumers and
   expired messages; a consumed queue that was collected anyway (its process stalled) is declared and bound again.
-* **Wake-ups.** ``drain_events`` waits on the store's change notification, bounded by the next due time, the next
-  lease expiry and ``polling_interval`` — never a blind fixed sleep. The token is taken before looking for messages
-  (:meth:`StoreTransport.change_token`, given the queues looked at), so a change in between is never missed; a
-  transport whose store can wait per queue (Postgres LISTEN/NOTIFY) overrides the two hooks.
+* **Wake-ups.** ``drain_events`` asks the store (:meth:`BrokerStore.poll`: claim the oldest due message of the
+  consumable queues of every channel, and learn each queue's next due time) only when something may have changed
+  since the last poll: a change notification for a consumed queue (or any change, for a store without per-queue
+  notifications), new prefetch room, a queue's due time reached, or ``polling_interval`` passed. In between it
+  waits on the change token taken just before the last poll, so a change during or after that poll is never missed;
+  a transport whose store can wait per queue (Postgres LISTEN/NOTIFY) overrides
+  :meth:`StoreTransport.change_token`. Never a blind sleep.
 
 Transport options: ``lease_seconds`` (60), ``polling_interval`` (1.0), ``heartbeat_interval`` (5.0),
 ``gc_interval`` (10.0), ``consumer_timeout`` (60.0: a consumer silent that long is considered dead).
