@@ -128,50 +128,42 @@ WITH picked AS (
 SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
 """
 
-# A claim as in _RECEIVE, then (same statement) each queue's next due time among the rows it did not claim: the
-# seconds until its next row is due, or until the earliest lease it already held runs out (rows claimed by this
-# statement are left out: their new lease is not visible to it).
-_POLL = _RECEIVE.replace(
-    "SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id",
-    f"""claimed AS (SELECT * FROM leased UNION ALL SELECT * FROM taken)
-SELECT c.id, c.queue, c.payload, c.attempts, c.run_id, c.not_before, NULL::float8 AS due_in FROM claimed AS c
-UNION ALL
-SELECT NULL::bigint, n.name, NULL::bytea, NULL::integer, NULL::text, NULL::timestamptz,
-       EXTRACT(EPOCH FROM LEAST(d.not_before, l.lease_until) - {_NOW})::float8
-FROM unnest(%(queues)s::text[]) AS n(name)
+
+# Per queue name n.name: d.not_before, the due time of its next claimable row (``extra`` narrows those rows), and
+# l.lease_until, the earliest lease held on it; queues with neither are left out.
+def _due_from(extra: str = "") -> str:
+    return f"""FROM unnest(%(queues)s::text[]) AS n(name)
 LEFT JOIN LATERAL (
     SELECT q.not_before FROM {_Q} AS q
     WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
-      AND (q.expires_at IS NULL OR q.expires_at > {_NOW}) AND q.id NOT IN (SELECT id FROM picked)
+      AND (q.expires_at IS NULL OR q.expires_at > {_NOW}){extra}
     ORDER BY q.not_before, q.id LIMIT 1
 ) AS d ON true
 LEFT JOIN LATERAL (
     SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
     ORDER BY q.lease_until LIMIT 1
 ) AS l ON true
-WHERE d.not_before IS NOT NULL OR l.lease_until IS NOT NULL""",
+WHERE d.not_before IS NOT NULL OR l.lease_until IS NOT NULL"""
+
+
+_DUE_IN = f"EXTRACT(EPOCH FROM LEAST(d.not_before, l.lease_until) - {_NOW})::float8"
+
+# Per queue: seconds from now until its next row is claimable (due, or its lease runs out).
+_DUE_TIMES = f"SELECT n.name, {_DUE_IN}\n{_due_from()}"
+
+# A claim as in _RECEIVE, then (same statement) each queue's next due time among the rows it did not claim (rows
+# claimed by this statement are left out: their new lease is not visible to it).
+_POLL = _RECEIVE.replace(
+    "SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id",
+    f"""claimed AS (SELECT * FROM leased UNION ALL SELECT * FROM taken)
+SELECT c.id, c.queue, c.payload, c.attempts, c.run_id, c.not_before, NULL::float8 AS due_in FROM claimed AS c
+UNION ALL
+SELECT NULL::bigint, n.name, NULL::bytea, NULL::integer, NULL::text, NULL::timestamptz, {_DUE_IN}
+{_due_from(" AND q.id NOT IN (SELECT id FROM picked)")}""",
 ).replace(
     "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n)\n",
     "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n),\n",
 )
-
-# Per queue: seconds from now until its next row is claimable (due, or its lease runs out); queues without rows
-# are left out.
-_DUE_TIMES = f"""
-SELECT n.name, EXTRACT(EPOCH FROM LEAST(c.not_before, l.lease_until) - {_NOW})::float8
-FROM unnest(%(queues)s::text[]) AS n(name)
-LEFT JOIN LATERAL (
-    SELECT q.not_before FROM {_Q} AS q
-    WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
-      AND (q.expires_at IS NULL OR q.expires_at > {_NOW})
-    ORDER BY q.not_before, q.id LIMIT 1
-) AS c ON true
-LEFT JOIN LATERAL (
-    SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
-    ORDER BY q.lease_until LIMIT 1
-) AS l ON true
-WHERE c.not_before IS NOT NULL OR l.lease_until IS NOT NULL
-"""
 
 _DROP_QUEUES = f"""
 WITH gone AS (DELETE FROM {_Q} WHERE queue = ANY(%(names)s::text[]) RETURNING 1),

@@ -88,3 +88,13 @@ def pg_schema_fixture() -> Iterator[str]:
 def pg_url_fixture(pg_schema: str) -> str:
     """A connection URL on a schema of this test's own."""
     return schema_url(pg_schema)
+
+
+@pytest.fixture(name="pg_world")
+def pg_world_fixture(pg_url: str) -> Iterator[Any]:
+    """A PostgresWorld with its own pool on this test's schema."""
+    from celery_workflow.world_pg import PostgresWorld
+
+    w = PostgresWorld.open(pg_url)
+    yield w
+    w.close()

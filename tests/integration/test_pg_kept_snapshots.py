@@ -19,7 +19,7 @@ from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance
 from celery_workflow.world import AppendResult, NewRun, World
 from celery_workflow.world_pg import PostgresWorld
-from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
+from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture, pg_world_fixture  # noqa: F401
 
 
 class Preloading:
@@ -45,13 +45,6 @@ class TestPostgresWorldOnKeptSnapshots(WorldConformance):
         w = PostgresWorld.open(pg_url)
         yield Preloading(w)  # type: ignore[misc]
         w.close()
-
-
-@pytest.fixture(name="pg_world")
-def pg_world_fixture(pg_url: str) -> Iterator[PostgresWorld]:
-    w = PostgresWorld.open(pg_url)
-    yield w
-    w.close()
 
 
 @pytest.fixture(name="pair")

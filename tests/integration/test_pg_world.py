@@ -41,6 +41,7 @@ from tests.integration.pg_fixtures import (  # noqa: F401
     pg_admin_fixture,
     pg_schema_fixture,
     pg_url_fixture,
+    pg_world_fixture,
     schema_url,
     terminate_backends,
 )
@@ -55,13 +56,6 @@ class TestPostgresWorld(WorldConformance):
         w = PostgresWorld.open(pg_url)
         yield w
         w.close()
-
-
-@pytest.fixture(name="pg_world")
-def pg_world_fixture(pg_url: str) -> Iterator[PostgresWorld]:
-    w = PostgresWorld.open(pg_url)
-    yield w
-    w.close()
 
 
 # -- helpers -------------------------------------------------------------------------------------------------------
