@@ -50,6 +50,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from celery_workflow import _pg_queue_sql as stmt
 from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase, Script
 from celery_workflow.ids import to_utc
 from celery_workflow.sqlite_queue import Binding, format_receipt, parse_receipt
@@ -62,123 +63,8 @@ if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_wor
 
 Conn: TypeAlias = "psycopg.Connection[Any]"
 
-_Q = "celery_workflow_queue"
-_QUEUES = "celery_workflow_broker_queues"
-_EXCHANGES = "celery_workflow_broker_exchanges"
-_BINDINGS = "celery_workflow_broker_bindings"
-_CONSUMERS = "celery_workflow_broker_consumers"
-
 #: Class id of the advisory lock taken by :meth:`PostgresQueue.gc` (the object id is a hash of the schema).
 GC_LOCK = 0x63776763  # "cwgc"
-
-# "now": the database clock, unless a test clock is set (then every statement gets it as %(now)s).
-_NOW = "COALESCE(%(now)s::timestamptz, now())"
-_NOTIFY = f"pg_notify('{CHANNEL_QUEUE}', queue)"
-
-# A row is claimable at now when it is due, its lease (if any) has run out and it has not expired.
-_CLAIMABLE = (
-    f"q.not_before <= {_NOW} AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})"
-    f" AND (q.expires_at IS NULL OR q.expires_at > {_NOW})"
-)
-
-_INSERT_WHEN = f"""
-WITH ins AS (
-    INSERT INTO {_Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
-    SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, %(key)s,
-           t.due + (SELECT message_ttl FROM {_QUEUES} WHERE name = %(queue)s), t.now
-    FROM (SELECT COALESCE(%(due)s::timestamptz, {_NOW}) AS due, {_NOW} AS now) AS t
-    WHERE {{when}}
-    ON CONFLICT DO NOTHING
-    RETURNING queue
-)
-SELECT {_NOTIFY} FROM ins
-"""
-_INSERT = _INSERT_WHEN.replace("{when}", "true")
-
-_FANOUT = f"""
-WITH ins AS (
-    INSERT INTO {_Q} (queue, payload, not_before, expires_at, created_at)
-    SELECT b.queue, %(payload)s, t.due, t.due + d.message_ttl, t.now
-    FROM (SELECT DISTINCT queue FROM {_BINDINGS} WHERE exchange = %(exchange)s) AS b
-    CROSS JOIN (SELECT COALESCE(%(due)s::timestamptz, {_NOW}) AS due, {_NOW} AS now) AS t
-    LEFT JOIN {_QUEUES} AS d ON d.name = b.queue
-    RETURNING queue
-)
-SELECT {_NOTIFY} FROM ins
-"""
-
-_RECEIVE = f"""
-WITH picked AS (
-    SELECT c.id FROM unnest(%(queues)s::text[]) AS n(name)
-    CROSS JOIN LATERAL (
-        SELECT q.id, q.not_before FROM {_Q} AS q
-        WHERE q.queue = n.name AND {_CLAIMABLE}
-        ORDER BY q.not_before, q.id LIMIT %(limit)s
-        FOR UPDATE OF q SKIP LOCKED
-    ) AS c
-    ORDER BY c.not_before, c.id LIMIT %(limit)s
-), leased AS (
-    UPDATE {_Q} AS q SET lease_until = {_NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL
-    FROM picked WHERE q.id = picked.id AND q.queue <> ALL(%(no_ack)s::text[])
-    RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id, q.not_before
-), taken AS (
-    DELETE FROM {_Q} AS q USING picked WHERE q.id = picked.id AND q.queue = ANY(%(no_ack)s::text[])
-    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before
-)
-SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
-"""
-
-
-# Per queue name n.name: d.not_before, the due time of its next claimable row (``extra`` narrows those rows), and
-# l.lease_until, the earliest lease held on it; queues with neither are left out.
-def _due_from(extra: str = "") -> str:
-    return f"""FROM unnest(%(queues)s::text[]) AS n(name)
-LEFT JOIN LATERAL (
-    SELECT q.not_before FROM {_Q} AS q
-    WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {_NOW})
-      AND (q.expires_at IS NULL OR q.expires_at > {_NOW}){extra}
-    ORDER BY q.not_before, q.id LIMIT 1
-) AS d ON true
-LEFT JOIN LATERAL (
-    SELECT q.lease_until FROM {_Q} AS q WHERE q.queue = n.name AND q.lease_until > {_NOW}
-    ORDER BY q.lease_until LIMIT 1
-) AS l ON true
-WHERE d.not_before IS NOT NULL OR l.lease_until IS NOT NULL"""
-
-
-_DUE_IN = f"EXTRACT(EPOCH FROM LEAST(d.not_before, l.lease_until) - {_NOW})::float8"
-
-# Per queue: seconds from now until its next row is claimable (due, or its lease runs out).
-_DUE_TIMES = f"SELECT n.name, {_DUE_IN}\n{_due_from()}"
-
-# A claim as in _RECEIVE, then (same statement) each queue's next due time among the rows it did not claim (rows
-# claimed by this statement are left out: their new lease is not visible to it).
-_POLL = _RECEIVE.replace(
-    "SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id",
-    f"""claimed AS (SELECT * FROM leased UNION ALL SELECT * FROM taken)
-SELECT c.id, c.queue, c.payload, c.attempts, c.run_id, c.not_before, NULL::float8 AS due_in FROM claimed AS c
-UNION ALL
-SELECT NULL::bigint, n.name, NULL::bytea, NULL::integer, NULL::text, NULL::timestamptz, {_DUE_IN}
-{_due_from(" AND q.id NOT IN (SELECT id FROM picked)")}""",
-).replace(
-    "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n)\n",
-    "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n),\n",
-)
-
-_DROP_QUEUES = f"""
-WITH gone AS (DELETE FROM {_Q} WHERE queue = ANY(%(names)s::text[]) RETURNING 1),
-     b AS (DELETE FROM {_BINDINGS} WHERE queue = ANY(%(names)s::text[])),
-     c AS (DELETE FROM {_CONSUMERS} WHERE queue = ANY(%(names)s::text[])),
-     d AS (DELETE FROM {_QUEUES} WHERE name = ANY(%(names)s::text[]))
-SELECT count(*) FROM gone
-"""
-
-_ORPHANED_AUTO_DELETE = f"""
-SELECT name FROM {_QUEUES} AS d
-WHERE name = ANY(%(names)s::text[]) AND auto_delete
-  AND NOT EXISTS (SELECT 1 FROM {_CONSUMERS} AS c WHERE c.queue = d.name)
-ORDER BY name
-"""
 
 
 def _seconds(value: float | None) -> timedelta | None:
@@ -260,7 +146,7 @@ class PostgresQueue:
         """Queue the inserts of ``deliveries`` (with their NOTIFY) on a caller's :class:`Script`; the indexes of
         their results (one row each when stored, none when deduplicated). ``when``: an SQL condition (with its own
         ``%(name)s`` parameters) a delivery is stored under, evaluated by the statement."""
-        sql = _INSERT if when is None else _INSERT_WHEN.replace("{when}", when[0])
+        sql = stmt.INSERT if when is None else stmt.INSERT_WHEN.replace("{when}", when[0])
         extra = {} if when is None else dict(when[1])
         return [
             script.add(
@@ -279,7 +165,7 @@ class PostgresQueue:
 
     def delete_for_run(self, conn: Conn, run_id: str) -> int:
         """Delete every delivery of a run (pending or claimed) in the caller's transaction; return the count."""
-        return int(conn.execute(f"DELETE FROM {_Q} WHERE run_id = %s", (run_id,)).rowcount)
+        return int(conn.execute(f"DELETE FROM {stmt.Q} WHERE run_id = %s", (run_id,)).rowcount)
 
     # -- the World's queue facet ---------------------------------------------------------------------------------
 
@@ -312,7 +198,7 @@ class PostgresQueue:
         row_id, attempts = parse_receipt(receipt)
         self._rowcount(
             "ack",
-            f"DELETE FROM {_Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
+            f"DELETE FROM {stmt.Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
             commit_mode="lazy",
             id=row_id,
             attempts=attempts,
@@ -332,7 +218,7 @@ class PostgresQueue:
         """Queue the deletion of a claimed row on a caller's :class:`Script` (stale receipts delete nothing)."""
         row_id, attempts = parse_receipt(receipt)
         return script.add(
-            f"DELETE FROM {_Q} WHERE id = %s AND attempts = %s AND lease_until IS NOT NULL", (row_id, attempts)
+            f"DELETE FROM {stmt.Q} WHERE id = %s AND attempts = %s AND lease_until IS NOT NULL", (row_id, attempts)
         )
 
     def release(self, receipt: str) -> None:
@@ -340,9 +226,9 @@ class PostgresQueue:
         row_id, attempts = parse_receipt(receipt)
         self._rows(
             "release",
-            f"WITH r AS (UPDATE {_Q} SET lease_until = NULL"
+            f"WITH r AS (UPDATE {stmt.Q} SET lease_until = NULL"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL RETURNING queue)"
-            f" SELECT {_NOTIFY} FROM r",
+            f" SELECT {stmt.NOTIFY} FROM r",
             commit_mode="lazy",
             id=row_id,
             attempts=attempts,
@@ -353,7 +239,7 @@ class PostgresQueue:
         row_id, attempts = parse_receipt(receipt)
         self._rowcount(
             "retry later",
-            f"UPDATE {_Q} SET lease_until = NULL, not_before = {_NOW} + %(delay)s"
+            f"UPDATE {stmt.Q} SET lease_until = NULL, not_before = {stmt.NOW} + %(delay)s"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
             commit_mode="lazy",
             id=row_id,
@@ -368,7 +254,7 @@ class PostgresQueue:
         parsed = sorted(parse_receipt(r) for r in receipts)  # one lock order for every extender
         self._rowcount(
             "extend leases",
-            f"UPDATE {_Q} AS q SET lease_until = {_NOW} + %(lease)s"
+            f"UPDATE {stmt.Q} AS q SET lease_until = {stmt.NOW} + %(lease)s"
             " FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[]) AS r(id, attempts)"
             " WHERE q.id = r.id AND q.attempts = r.attempts AND q.lease_until IS NOT NULL",
             commit_mode="lazy",
@@ -391,7 +277,7 @@ class PostgresQueue:
         """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated."""
         rows = self._rows(
             "put",
-            _INSERT,
+            stmt.INSERT,
             commit_mode="disk",
             queue=queue,
             payload=bytes(payload),
@@ -405,7 +291,12 @@ class PostgresQueue:
         """Insert a copy of the message on every queue bound to ``exchange`` (and notify each); return the count."""
         return len(
             self._rows(
-                "fanout", _FANOUT, commit_mode="disk", exchange=exchange, payload=bytes(payload), due=_at(not_before)
+                "fanout",
+                stmt.FANOUT,
+                commit_mode="disk",
+                exchange=exchange,
+                payload=bytes(payload),
+                due=_at(not_before),
             )
         )
 
@@ -421,7 +312,7 @@ class PostgresQueue:
             return []
         rows = self._rows(
             "claim",
-            _RECEIVE,
+            stmt.RECEIVE,
             commit_mode="lazy",
             queues=list(dict.fromkeys(queues)),
             no_ack=list(no_ack),
@@ -444,7 +335,7 @@ class PostgresQueue:
             "lease": timedelta(seconds=lease),
         }
 
-        rows = self._rows("claim", _POLL, commit_mode="lazy", **claim)
+        rows = self._rows("claim", stmt.POLL, commit_mode="lazy", **claim)
         now = self._local_now()
         claimed = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
         claims = [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in claimed]
@@ -455,7 +346,7 @@ class PostgresQueue:
         claimable (due, or its lease runs out). Queues without rows are left out."""
         if not queues:
             return {}
-        rows = self._rows("due times", _DUE_TIMES, queues=list(dict.fromkeys(queues)))
+        rows = self._rows("due times", stmt.DUE_TIMES, queues=list(dict.fromkeys(queues)))
         now = self._local_now()
         return {str(name): now + float(seconds) for name, seconds in rows}
 
@@ -467,8 +358,8 @@ class PostgresQueue:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
         rows = self._rows(
             "size",
-            f"SELECT count(*) FROM {_Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {_NOW})"
-            f" AND (expires_at IS NULL OR expires_at > {_NOW})",
+            f"SELECT count(*) FROM {stmt.Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {stmt.NOW})"
+            f" AND (expires_at IS NULL OR expires_at > {stmt.NOW})",
             queue=queue,
         )
         return int(rows[0][0])
@@ -477,7 +368,7 @@ class PostgresQueue:
         """Delete the messages :meth:`size` counts (claimed ones stay with their holders); return the count."""
         return self._rowcount(
             "purge",
-            f"DELETE FROM {_Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {_NOW})",
+            f"DELETE FROM {stmt.Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {stmt.NOW})",
             queue=queue,
         )
 
@@ -496,8 +387,8 @@ class PostgresQueue:
         """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
         self._rowcount(
             "declare queue",
-            f"INSERT INTO {_QUEUES} (name, durable, exclusive, auto_delete, expires, message_ttl, last_used, created_at)"
-            f" VALUES (%(name)s, %(durable)s, %(exclusive)s, %(auto_delete)s, %(expires)s, %(ttl)s, {_NOW}, {_NOW})"
+            f"INSERT INTO {stmt.QUEUES} (name, durable, exclusive, auto_delete, expires, message_ttl, last_used, created_at)"
+            f" VALUES (%(name)s, %(durable)s, %(exclusive)s, %(auto_delete)s, %(expires)s, %(ttl)s, {stmt.NOW}, {stmt.NOW})"
             " ON CONFLICT (name) DO UPDATE SET durable = excluded.durable, exclusive = excluded.exclusive,"
             " auto_delete = excluded.auto_delete, expires = excluded.expires, message_ttl = excluded.message_ttl,"
             " last_used = excluded.last_used",
@@ -513,8 +404,8 @@ class PostgresQueue:
         """True when the queue is declared or holds messages."""
         rows = self._rows(
             "has queue",
-            f"SELECT EXISTS (SELECT 1 FROM {_QUEUES} WHERE name = %(name)s)"
-            f" OR EXISTS (SELECT 1 FROM {_Q} WHERE queue = %(name)s)",
+            f"SELECT EXISTS (SELECT 1 FROM {stmt.QUEUES} WHERE name = %(name)s)"
+            f" OR EXISTS (SELECT 1 FROM {stmt.Q} WHERE queue = %(name)s)",
             name=name,
         )
         return bool(rows[0][0])
@@ -523,7 +414,7 @@ class PostgresQueue:
         """The stored declaration of a queue, or None."""
         rows = self._rows(
             "queue info",
-            f"SELECT durable, exclusive, auto_delete, expires, message_ttl, last_used FROM {_QUEUES}"
+            f"SELECT durable, exclusive, auto_delete, expires, message_ttl, last_used FROM {stmt.QUEUES}"
             " WHERE name = %(name)s",
             name=name,
         )
@@ -547,7 +438,7 @@ class PostgresQueue:
     def _drop_queues(conn: Conn, names: Sequence[str]) -> int:
         if not names:
             return 0
-        row = conn.execute(_DROP_QUEUES, {"names": list(dict.fromkeys(names))}).fetchone()
+        row = conn.execute(stmt.DROP_QUEUES, {"names": list(dict.fromkeys(names))}).fetchone()
         return int(row[0]) if row else 0
 
     # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
@@ -564,8 +455,8 @@ class PostgresQueue:
         """Create or update an exchange (its type is what routing in other processes will use)."""
         self._rowcount(
             "declare exchange",
-            f"INSERT INTO {_EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
-            f" VALUES (%(name)s, %(type)s, %(durable)s, %(auto_delete)s, %(arguments)s::jsonb, {_NOW})"
+            f"INSERT INTO {stmt.EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
+            f" VALUES (%(name)s, %(type)s, %(durable)s, %(auto_delete)s, %(arguments)s::jsonb, {stmt.NOW})"
             " ON CONFLICT (name) DO UPDATE SET type = excluded.type, durable = excluded.durable,"
             " auto_delete = excluded.auto_delete, arguments = excluded.arguments",
             name=name,
@@ -576,26 +467,26 @@ class PostgresQueue:
         )
 
     def exchange_type(self, name: str) -> str | None:
-        rows = self._rows("exchange type", f"SELECT type FROM {_EXCHANGES} WHERE name = %(name)s", name=name)
+        rows = self._rows("exchange type", f"SELECT type FROM {stmt.EXCHANGES} WHERE name = %(name)s", name=name)
         return str(rows[0][0]) if rows else None
 
     def exchanges(self) -> list[str]:
-        return [str(r[0]) for r in self._rows("exchanges", f"SELECT name FROM {_EXCHANGES} ORDER BY name")]
+        return [str(r[0]) for r in self._rows("exchanges", f"SELECT name FROM {stmt.EXCHANGES} ORDER BY name")]
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings (queues stay, as in AMQP)."""
         self._rowcount(
             "delete exchange",
-            f"WITH b AS (DELETE FROM {_BINDINGS} WHERE exchange = %(name)s)"
-            f" DELETE FROM {_EXCHANGES} WHERE name = %(name)s",
+            f"WITH b AS (DELETE FROM {stmt.BINDINGS} WHERE exchange = %(name)s)"
+            f" DELETE FROM {stmt.EXCHANGES} WHERE name = %(name)s",
             name=name,
         )
 
     def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
         self._rowcount(
             "bind",
-            f"INSERT INTO {_BINDINGS} (exchange, routing_key, queue, pattern, created_at)"
-            f" VALUES (%(exchange)s, %(key)s, %(queue)s, %(pattern)s, {_NOW})"
+            f"INSERT INTO {stmt.BINDINGS} (exchange, routing_key, queue, pattern, created_at)"
+            f" VALUES (%(exchange)s, %(key)s, %(queue)s, %(pattern)s, {stmt.NOW})"
             " ON CONFLICT (exchange, routing_key, queue) DO UPDATE SET pattern = excluded.pattern",
             exchange=exchange,
             key=routing_key or "",
@@ -606,7 +497,7 @@ class PostgresQueue:
     def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
         self._rowcount(
             "unbind",
-            f"DELETE FROM {_BINDINGS} WHERE exchange = %(exchange)s AND routing_key = %(key)s AND queue = %(queue)s",
+            f"DELETE FROM {stmt.BINDINGS} WHERE exchange = %(exchange)s AND routing_key = %(key)s AND queue = %(queue)s",
             exchange=exchange,
             key=routing_key or "",
             queue=queue,
@@ -614,7 +505,7 @@ class PostgresQueue:
 
     def bindings(self, exchange: str | None = None) -> list[Binding]:
         """Bindings of one exchange, or all of them (in creation order)."""
-        sql = f"SELECT exchange, routing_key, pattern, queue FROM {_BINDINGS}"
+        sql = f"SELECT exchange, routing_key, pattern, queue FROM {stmt.BINDINGS}"
         if exchange is not None:
             sql += " WHERE exchange = %(exchange)s"
         rows = self._rows("bindings", sql + " ORDER BY created_at, exchange, routing_key, queue", exchange=exchange)
@@ -629,10 +520,10 @@ class PostgresQueue:
         names = list(dict.fromkeys(queues))
         rows = self._rows(
             "touch",
-            f"WITH c AS (INSERT INTO {_CONSUMERS} (queue, consumer, seen_at)"
-            f" SELECT u.name, %(consumer)s, {_NOW} FROM unnest(%(names)s::text[]) AS u(name)"
+            f"WITH c AS (INSERT INTO {stmt.CONSUMERS} (queue, consumer, seen_at)"
+            f" SELECT u.name, %(consumer)s, {stmt.NOW} FROM unnest(%(names)s::text[]) AS u(name)"
             " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at)"
-            f" UPDATE {_QUEUES} SET last_used = {_NOW} WHERE name = ANY(%(names)s::text[]) RETURNING name",
+            f" UPDATE {stmt.QUEUES} SET last_used = {stmt.NOW} WHERE name = ANY(%(names)s::text[]) RETURNING name",
             commit_mode="lazy",
             consumer=consumer,
             names=sorted(names),
@@ -648,10 +539,10 @@ class PostgresQueue:
 
         def go(conn: Conn) -> list[str]:
             conn.execute(
-                f"DELETE FROM {_CONSUMERS} WHERE consumer = %(consumer)s AND queue = ANY(%(names)s::text[])",
+                f"DELETE FROM {stmt.CONSUMERS} WHERE consumer = %(consumer)s AND queue = ANY(%(names)s::text[])",
                 {"consumer": consumer, "names": names},
             )
-            doomed = [str(r[0]) for r in conn.execute(_ORPHANED_AUTO_DELETE, {"names": names}).fetchall()]
+            doomed = [str(r[0]) for r in conn.execute(stmt.ORPHANED_AUTO_DELETE, {"names": names}).fetchall()]
             self._drop_queues(conn, doomed)
             return doomed
 
@@ -675,18 +566,18 @@ class PostgresQueue:
             ).fetchone()
             if not (locked and locked[0]):
                 return {"queues": 0, "consumers": 0, "messages": 0}
-            unused = f"SELECT name FROM {_QUEUES} WHERE expires IS NOT NULL AND last_used + expires <= {_NOW}"
+            unused = f"SELECT name FROM {stmt.QUEUES} WHERE expires IS NOT NULL AND last_used + expires <= {stmt.NOW}"
             expired = [str(r[0]) for r in conn.execute(unused, params).fetchall()]
             stale = conn.execute(
-                f"DELETE FROM {_CONSUMERS} WHERE seen_at <= {_NOW} - %(timeout)s RETURNING queue", params
+                f"DELETE FROM {stmt.CONSUMERS} WHERE seen_at <= {stmt.NOW} - %(timeout)s RETURNING queue", params
             ).fetchall()
             stale_queues = sorted({str(r[0]) for r in stale})
-            orphaned = [str(r[0]) for r in conn.execute(_ORPHANED_AUTO_DELETE, {"names": stale_queues}).fetchall()]
+            orphaned = [str(r[0]) for r in conn.execute(stmt.ORPHANED_AUTO_DELETE, {"names": stale_queues}).fetchall()]
             queues = list(dict.fromkeys(expired + orphaned))
             dropped = self._drop_queues(conn, queues)
             ttl = conn.execute(
-                f"DELETE FROM {_Q} WHERE expires_at IS NOT NULL AND expires_at <= {_NOW}"
-                f" AND (lease_until IS NULL OR lease_until <= {_NOW})",
+                f"DELETE FROM {stmt.Q} WHERE expires_at IS NOT NULL AND expires_at <= {stmt.NOW}"
+                f" AND (lease_until IS NULL OR lease_until <= {stmt.NOW})",
                 params,
             ).rowcount
             return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}

@@ -1,0 +1,125 @@
+"""The SQL statements of the Postgres queue (:mod:`celery_workflow.pg_queue`); not part of the public API.
+
+Tables: ``celery_workflow_queue`` (a row per message) and the broker state the transport shares
+(``celery_workflow_broker_queues`` / ``_exchanges`` / ``_bindings`` / ``_consumers``), migration ``0002_queue.sql``.
+Every statement takes ``%(now)s``: NULL for the database server's clock, or a test clock.
+"""
+
+from __future__ import annotations
+
+from celery_workflow._pg import CHANNEL_QUEUE
+
+Q = "celery_workflow_queue"
+QUEUES = "celery_workflow_broker_queues"
+EXCHANGES = "celery_workflow_broker_exchanges"
+BINDINGS = "celery_workflow_broker_bindings"
+CONSUMERS = "celery_workflow_broker_consumers"
+
+# "now": the database clock, unless a test clock is set (then every statement gets it as %(now)s).
+NOW = "COALESCE(%(now)s::timestamptz, now())"
+NOTIFY = f"pg_notify('{CHANNEL_QUEUE}', queue)"
+
+# A row is claimable at now when it is due, its lease (if any) has run out and it has not expired.
+CLAIMABLE = (
+    f"q.not_before <= {NOW} AND (q.lease_until IS NULL OR q.lease_until <= {NOW})"
+    f" AND (q.expires_at IS NULL OR q.expires_at > {NOW})"
+)
+
+INSERT_WHEN = f"""
+WITH ins AS (
+    INSERT INTO {Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
+    SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, %(key)s,
+           t.due + (SELECT message_ttl FROM {QUEUES} WHERE name = %(queue)s), t.now
+    FROM (SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now) AS t
+    WHERE {{when}}
+    ON CONFLICT DO NOTHING
+    RETURNING queue
+)
+SELECT {NOTIFY} FROM ins
+"""
+INSERT = INSERT_WHEN.replace("{when}", "true")
+
+FANOUT = f"""
+WITH ins AS (
+    INSERT INTO {Q} (queue, payload, not_before, expires_at, created_at)
+    SELECT b.queue, %(payload)s, t.due, t.due + d.message_ttl, t.now
+    FROM (SELECT DISTINCT queue FROM {BINDINGS} WHERE exchange = %(exchange)s) AS b
+    CROSS JOIN (SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now) AS t
+    LEFT JOIN {QUEUES} AS d ON d.name = b.queue
+    RETURNING queue
+)
+SELECT {NOTIFY} FROM ins
+"""
+
+RECEIVE = f"""
+WITH picked AS (
+    SELECT c.id FROM unnest(%(queues)s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT q.id, q.not_before FROM {Q} AS q
+        WHERE q.queue = n.name AND {CLAIMABLE}
+        ORDER BY q.not_before, q.id LIMIT %(limit)s
+        FOR UPDATE OF q SKIP LOCKED
+    ) AS c
+    ORDER BY c.not_before, c.id LIMIT %(limit)s
+), leased AS (
+    UPDATE {Q} AS q SET lease_until = {NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL
+    FROM picked WHERE q.id = picked.id AND q.queue <> ALL(%(no_ack)s::text[])
+    RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id, q.not_before
+), taken AS (
+    DELETE FROM {Q} AS q USING picked WHERE q.id = picked.id AND q.queue = ANY(%(no_ack)s::text[])
+    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before
+)
+SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
+"""
+
+
+# Per queue name n.name: d.not_before, the due time of its next claimable row (``extra`` narrows those rows), and
+# l.lease_until, the earliest lease held on it; queues with neither are left out.
+def due_from(extra: str = "") -> str:
+    return f"""FROM unnest(%(queues)s::text[]) AS n(name)
+LEFT JOIN LATERAL (
+    SELECT q.not_before FROM {Q} AS q
+    WHERE q.queue = n.name AND (q.lease_until IS NULL OR q.lease_until <= {NOW})
+      AND (q.expires_at IS NULL OR q.expires_at > {NOW}){extra}
+    ORDER BY q.not_before, q.id LIMIT 1
+) AS d ON true
+LEFT JOIN LATERAL (
+    SELECT q.lease_until FROM {Q} AS q WHERE q.queue = n.name AND q.lease_until > {NOW}
+    ORDER BY q.lease_until LIMIT 1
+) AS l ON true
+WHERE d.not_before IS NOT NULL OR l.lease_until IS NOT NULL"""
+
+
+DUE_IN = f"EXTRACT(EPOCH FROM LEAST(d.not_before, l.lease_until) - {NOW})::float8"
+
+# Per queue: seconds from now until its next row is claimable (due, or its lease runs out).
+DUE_TIMES = f"SELECT n.name, {DUE_IN}\n{due_from()}"
+
+# A claim as in RECEIVE, then (same statement) each queue's next due time among the rows it did not claim (rows
+# claimed by this statement are left out: their new lease is not visible to it).
+POLL = RECEIVE.replace(
+    "SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id",
+    f"""claimed AS (SELECT * FROM leased UNION ALL SELECT * FROM taken)
+SELECT c.id, c.queue, c.payload, c.attempts, c.run_id, c.not_before, NULL::float8 AS due_in FROM claimed AS c
+UNION ALL
+SELECT NULL::bigint, n.name, NULL::bytea, NULL::integer, NULL::text, NULL::timestamptz, {DUE_IN}
+{due_from(" AND q.id NOT IN (SELECT id FROM picked)")}""",
+).replace(
+    "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n)\n",
+    "    RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before\n),\n",
+)
+
+DROP_QUEUES = f"""
+WITH gone AS (DELETE FROM {Q} WHERE queue = ANY(%(names)s::text[]) RETURNING 1),
+     b AS (DELETE FROM {BINDINGS} WHERE queue = ANY(%(names)s::text[])),
+     c AS (DELETE FROM {CONSUMERS} WHERE queue = ANY(%(names)s::text[])),
+     d AS (DELETE FROM {QUEUES} WHERE name = ANY(%(names)s::text[]))
+SELECT count(*) FROM gone
+"""
+
+ORPHANED_AUTO_DELETE = f"""
+SELECT name FROM {QUEUES} AS d
+WHERE name = ANY(%(names)s::text[]) AND auto_delete
+  AND NOT EXISTS (SELECT 1 FROM {CONSUMERS} AS c WHERE c.queue = d.name)
+ORDER BY name
+"""

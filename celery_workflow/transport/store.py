@@ -1,0 +1,152 @@
+"""What a store-backed Kombu transport stores and how its messages are encoded (see :mod:`.base`).
+
+:class:`BrokerStore` is the storage protocol (``SQLiteQueue``, ``PostgresQueue``); the helpers encode a Kombu message
+for it, decide when a message is due, back failed deliveries off, and turn claims back into Kombu messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from kombu.utils import json as _json
+
+from celery_workflow.world import ClaimedDelivery
+
+__all__ = ["BindingRow", "BrokerStore", "backoff", "decode_claims", "dumps", "message_due"]
+
+logger = logging.getLogger("celery_workflow.transport.base")
+
+# Kombu's JSON (datetimes and UUIDs round-trip), used as Any: Kombu is only partly typed.
+_dumps: Any = _json.dumps
+_loads: Any = _json.loads
+
+
+def dumps(message: Mapping[str, Any]) -> bytes:
+    """UTF-8 JSON of a Kombu message (Kombu's JSON: datetimes and UUIDs round-trip)."""
+    return str(_dumps(message)).encode("utf-8")
+
+
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 300.0
+
+
+def backoff(attempts: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
+    """Delay before a failed delivery is due again: ``base * 2**(attempts-1)`` seconds, capped at ``cap``."""
+    return min(cap, base * 2.0 ** min(max(attempts - 1, 0), 64))
+
+
+def _epoch(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            logger.warning("ignoring unparsable due time %r", value)
+            return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+    return None
+
+
+def message_due(message: Mapping[str, Any]) -> float | None:
+    """Epoch seconds a message is due: ``properties["not_before"]``, else ``headers["eta"]``, else None (now)."""
+    props = message.get("properties") or {}
+    due = _epoch(props.get("not_before"))
+    if due is None:
+        due = _epoch((message.get("headers") or {}).get("eta"))
+    return due
+
+
+def decode_claims(
+    store: BrokerStore, claims: Sequence[ClaimedDelivery], no_ack: Collection[str]
+) -> list[tuple[dict[str, Any], str]]:
+    """``(payload, queue)`` of each claimed Kombu message, its ``delivery_info`` carrying the claim's receipt and
+    attempts; an undecodable one is logged and backed off (never delivered, never lost)."""
+    out = []
+    for claim in claims:
+        try:
+            payload = _loads(claim.payload)
+            if not isinstance(payload, dict):
+                raise ValueError("not a Kombu message object")
+        except ValueError as exc:
+            logger.error("undecodable message %s on %r: %s", claim.receipt, claim.queue, exc)
+            if claim.queue not in no_ack:
+                store.retry_later(claim.receipt, backoff(claim.attempts))
+            continue
+        props = payload.get("properties")
+        if not isinstance(props, dict):
+            props = payload["properties"] = {}
+        info = props.get("delivery_info")
+        if not isinstance(info, dict):
+            info = props["delivery_info"] = {}
+        info.setdefault("exchange", "")
+        info.setdefault("routing_key", claim.queue)
+        info.update(redelivered=claim.attempts > 1, cw_receipt=claim.receipt, cw_attempts=claim.attempts)
+        props["delivery_tag"] = claim.receipt
+        payload["redelivered"] = claim.attempts > 1
+        out.append((payload, claim.queue))
+    return out
+
+
+class BindingRow(Protocol):
+    @property
+    def exchange(self) -> str: ...
+    @property
+    def routing_key(self) -> str: ...
+    @property
+    def pattern(self) -> str | None: ...
+    @property
+    def queue(self) -> str: ...
+
+
+class BrokerStore(Protocol):
+    """Durable, multi-process storage of messages and routing state (``SQLiteQueue``, ``PostgresQueue``).
+
+    Payloads are opaque bytes (UTF-8 JSON of Kombu messages); times are epoch seconds; a receipt names one claim
+    and operations with a stale receipt change nothing. Every method is thread-safe and its own transaction.
+    """
+
+    def put(
+        self, queue: str, payload: bytes, *, not_before: float | None = ..., run_id: str | None = ...,
+        idempotency_key: str | None = ...,
+    ) -> bool: ...  # fmt: skip
+    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = ...) -> int: ...
+    def receive(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = ..., limit: int = ..., lease: float = ...
+    ) -> list[ClaimedDelivery]: ...
+    def poll(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = ..., limit: int = ..., lease: float = ...
+    ) -> tuple[list[ClaimedDelivery], dict[str, float]]: ...
+    def ack(self, receipt: str) -> None: ...
+    def release(self, receipt: str) -> None: ...
+    def retry_later(self, receipt: str, delay: float) -> None: ...
+    def extend(self, receipts: Sequence[str], lease: float) -> None: ...
+    def size(self, queue: str) -> int: ...
+    def purge(self, queue: str) -> int: ...
+    def declare_queue(
+        self, name: str, *, durable: bool = ..., exclusive: bool = ..., auto_delete: bool = ...,
+        expires: float | None = ..., message_ttl: float | None = ...,
+    ) -> None: ...  # fmt: skip
+    def has_queue(self, name: str) -> bool: ...
+    def delete_queue(self, name: str) -> int: ...
+    def declare_exchange(
+        self, name: str, type: str, *, durable: bool = ..., auto_delete: bool = ...,
+        arguments: Mapping[str, Any] | None = ...,
+    ) -> None: ...  # fmt: skip
+    def exchange_type(self, name: str) -> str | None: ...
+    def exchanges(self) -> list[str]: ...
+    def delete_exchange(self, name: str) -> None: ...
+    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None: ...
+    def unbind(self, exchange: str, routing_key: str, queue: str) -> None: ...
+    def bindings(self, exchange: str | None = ...) -> Sequence[BindingRow]: ...
+    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
+    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
+    def gc(self, *, consumer_timeout: float = ...) -> dict[str, int]: ...
+    def change_token(self) -> Any: ...  # opaque: only ever handed back to wait_for_change
+    def wait_for_change(self, token: Any, timeout: float) -> bool: ...
