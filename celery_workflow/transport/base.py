@@ -138,18 +138,6 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             self.qos.append(message, message.delivery_tag)
         return message
 
-    def drain_events(self, timeout: float | None = None, callback: Any = None) -> None:
-        """Deliver one due message of this channel's consumed queues to ``callback``; Empty when there is none."""
-        callback = callback or self.connection._deliver
-        if not self._consumers or not self.qos.can_consume():
-            raise Empty()
-        queues = list(dict.fromkeys(self._active_queues))
-        got = self._receive(queues, self._noack_queues.intersection(queues))
-        if not got:
-            raise Empty()
-        for payload, queue in got:
-            callback(payload, queue)
-
     def _receipt(self, delivery_tag: Any) -> tuple[str, int] | None:
         try:
             info = self.qos.get(delivery_tag).delivery_info or {}
@@ -438,10 +426,10 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         """Deliver one message; wait for store changes (bounded by due times) until ``timeout`` (socket.timeout).
 
         The store is asked only when something may have changed since it last answered: a change notification for
-        a consumed queue (or any change, for a store without per-queue notifications), a message claimed last time
-        (there may be more), a consumer with new prefetch room, a due time reached, or ``polling_interval`` passed.
-        One :meth:`BrokerStore.poll` claims from every consumable queue of every channel at once and, when there is
-        nothing, says when the next message is due: one round trip per wake-up.
+        a consumed queue (or any change, for a store without per-queue notifications), a consumer with new prefetch
+        room, a queue's due time reached (a backlog is due at once), or ``polling_interval`` passed. One
+        :meth:`BrokerStore.poll` claims the oldest due message across the consumable queues of every channel and
+        says when each queue's next message is due: one round trip per wake-up.
         """
         start = monotonic()
         while True:
