@@ -16,26 +16,9 @@ import pytest
 from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase
 from celery_workflow.errors import WorldError
 from celery_workflow.pg_queue import PostgresQueue
-from celery_workflow.transport.base import backoff
 from celery_workflow.world import Delivery
 from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def at(offset: float) -> datetime:
-    return datetime.fromtimestamp(T0 + offset, UTC)
+from tests.integration.queue_suite import Clock, QueueStoreSuite, at
 
 
 @pytest.fixture
@@ -69,98 +52,6 @@ def rows(q: PostgresQueue) -> list[tuple[Any, ...]]:
     return q.db.run(lambda conn: conn.execute(sql).fetchall())
 
 
-def test_claims_oldest_due_first_across_queues(queue: PostgresQueue) -> None:
-    queue.enqueue(
-        [
-            Delivery("a", b"third", not_before=at(-1)),
-            Delivery("b", b"first", not_before=at(-30)),
-            Delivery("a", b"second", not_before=at(-20)),
-            Delivery("c", b"other queue", not_before=at(-100)),
-        ]
-    )
-    claimed = queue.claim(["a", "b"], limit=10)
-    assert [c.payload for c in claimed] == [b"first", b"second", b"third"]
-    assert [c.attempts for c in claimed] == [1, 1, 1]
-    assert queue.claim(["a", "b"], limit=10) == []
-    assert [c.payload for c in queue.claim(["c"])] == [b"other queue"]
-
-
-def test_limit_takes_only_the_oldest_even_across_queues(queue: PostgresQueue) -> None:
-    queue.enqueue([Delivery("ab"[i % 2], str(i).encode(), not_before=at(-10 + i)) for i in range(6)])
-    assert [c.payload for c in queue.claim(["a", "b"], limit=2)] == [b"0", b"1"]
-    assert [c.payload for c in queue.claim(["b", "a"], limit=3)] == [b"2", b"3", b"4"]
-    assert [c.payload for c in queue.claim(["a", "b", "a"], limit=3)] == [b"5"]
-    assert rows(queue)[0][4] is None
-
-
-def test_rows_not_yet_due_are_invisible(queue: PostgresQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"later", not_before=at(60))])
-    assert queue.claim(["a"]) == []
-    assert queue.next_due(["a"]) == pytest.approx(T0 + 60)
-    clock.advance(59.9)
-    assert queue.claim(["a"]) == []
-    clock.advance(0.1)
-    assert [c.payload for c in queue.claim(["a"])] == [b"later"]
-
-
-def test_a_lease_hides_the_row_until_it_runs_out(queue: PostgresQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x", run_id="wrun_1")])
-    (first,) = queue.claim(["a"], lease=30)
-    assert first.run_id == "wrun_1"
-    clock.advance(29)
-    assert queue.claim(["a"]) == []
-    assert queue.next_due(["a"]) == pytest.approx(T0 + 30)
-    clock.advance(1)
-    (second,) = queue.claim(["a"], lease=30)
-    assert second.attempts == 2
-    assert second.receipt != first.receipt
-
-
-def test_a_stale_receipt_cannot_touch_a_reclaimed_row(queue: PostgresQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x")])
-    (stale,) = queue.claim(["a"], lease=10)
-    clock.advance(11)
-    (fresh,) = queue.claim(["a"], lease=10)
-    queue.ack(stale.receipt)
-    queue.extend([stale.receipt], 1000)
-    queue.release(stale.receipt)
-    queue.retry_later(stale.receipt, 0)
-    assert len(rows(queue)) == 1
-    clock.advance(9)
-    assert queue.claim(["a"]) == []  # the fresh lease is untouched (not released, not extended)
-    queue.ack(fresh.receipt)
-    assert rows(queue) == []
-
-
-def test_release_ends_the_claim(queue: PostgresQueue) -> None:
-    queue.enqueue([Delivery("a", b"x")])
-    (claim,) = queue.claim(["a"])
-    queue.release(claim.receipt)
-    queue.ack(claim.receipt)  # the released claim is over: its receipt deletes nothing
-    (again,) = queue.claim(["a"])
-    assert again.attempts == 2
-
-
-def test_idempotency_key_dedups_while_pending_and_is_released_by_the_claim(queue: PostgresQueue) -> None:
-    assert queue.enqueue([Delivery("a", b"1", run_id="r1", idempotency_key="k")]) == [True]
-    assert queue.enqueue([Delivery("a", b"2", run_id="r1", idempotency_key="k")]) == [False]
-    assert queue.enqueue([Delivery("b", b"2b", run_id="r1", idempotency_key="k")]) == [False]  # scope: the run
-    assert queue.enqueue([Delivery("a", b"3", run_id="r2", idempotency_key="k")]) == [True]
-    assert queue.enqueue([Delivery("a", b"4", idempotency_key="k"), Delivery("a", b"5", idempotency_key="k")]) == [
-        True,
-        False,
-    ]
-    assert queue.enqueue([Delivery("b", b"6", idempotency_key="k")]) == [True]  # no run: scope is the queue
-    assert queue.enqueue([Delivery("a", b"7", run_id="r1"), Delivery("a", b"8", run_id="r1")]) == [True, True]
-    assert queue.put("a", b"4b", idempotency_key="k") is False
-    assert queue.put("a", b"1b", run_id="r1", idempotency_key="k") is False
-
-    claimed = queue.claim(["a"], limit=1)
-    assert [c.payload for c in claimed] == [b"1"]
-    assert queue.enqueue([Delivery("a", b"9", run_id="r1", idempotency_key="k")]) == [True]  # key released
-    assert queue.enqueue([Delivery("a", b"10", run_id="r1", idempotency_key="k")]) == [False]
-
-
 def test_insert_delete_for_run_and_delete_claim_join_the_callers_transaction(queue: PostgresQueue) -> None:
     results = queue.db.run(
         lambda conn: queue.insert(conn, [Delivery("a", b"1", run_id="r1"), Delivery("a", b"2", run_id="r2")])
@@ -182,69 +73,6 @@ def test_insert_delete_for_run_and_delete_claim_join_the_callers_transaction(que
     assert len(rows(queue)) == 1
     queue.db.run(lambda conn: queue.delete_claim(conn, claim.receipt))
     assert rows(queue) == []
-
-
-def test_retry_later_backs_off(queue: PostgresQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x")])
-    for attempt in (1, 2, 3):
-        (claim,) = queue.claim(["a"])
-        assert claim.attempts == attempt
-        queue.retry_later(claim.receipt, backoff(claim.attempts))
-        clock.advance(backoff(attempt) - 0.01)
-        assert queue.claim(["a"]) == []
-        clock.advance(0.01)
-    assert queue.claim(["a"])[0].attempts == 4
-
-
-def test_extend_pushes_the_lease(queue: PostgresQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x"), Delivery("a", b"y")])
-    a, b = queue.claim(["a"], limit=2, lease=10)
-    clock.advance(8)
-    queue.extend([b.receipt, a.receipt], 10)
-    clock.advance(9)  # 17 s after the claim, 9 s after the extension
-    assert queue.claim(["a"]) == []
-    clock.advance(1)
-    assert {c.payload for c in queue.claim(["a"], limit=5)} == {b"x", b"y"}
-
-
-def test_size_purge_message_ttl_and_no_ack_receive(queue: PostgresQueue, clock: Clock) -> None:
-    queue.declare_queue("events", auto_delete=True, message_ttl=5)
-    queue.put("events", b"old")
-    queue.put("plain", b"p")
-    assert queue.size("events") == 1
-    clock.advance(5)
-    assert queue.size("events") == 0
-    assert queue.claim(["events"]) == []
-    assert queue.gc()["messages"] == 1
-    assert queue.size("plain") == 1
-    queue.claim(["plain"])
-    queue.put("plain", b"q")
-    assert queue.purge("plain") == 1  # the claimed row stays with its holder
-    assert len(rows(queue)) == 1
-    queue.put("events", b"new")
-    queue.put("plain", b"r")
-    got = queue.receive(["events", "plain"], no_ack={"events"}, limit=5)
-    assert sorted((c.queue, c.attempts) for c in got) == [("events", 1), ("plain", 1)]
-    assert [r[1] for r in rows(queue)] == ["plain", "plain"]  # the no_ack row went at receipt
-
-
-def test_expired_queues_and_dead_consumers_are_collected(queue: PostgresQueue, clock: Clock) -> None:
-    queue.declare_queue("idle", expires=10)
-    queue.declare_queue("orphan", auto_delete=True)
-    queue.declare_queue("alive", auto_delete=True)
-    queue.bind("fan", "", None, "idle")
-    queue.bind("fan", "", None, "orphan")
-    queue.put("orphan", b"m")
-    queue.touch("dead-process", ["orphan"])
-    clock.advance(30)
-    assert queue.touch("live-process", ["alive", "undeclared"]) == ["undeclared"]
-    clock.advance(40)
-    assert queue.gc(consumer_timeout=60) == {"queues": 2, "consumers": 1, "messages": 1}
-    assert not queue.has_queue("idle") and not queue.has_queue("orphan")
-    assert queue.has_queue("alive")
-    assert queue.bindings() == []
-    assert queue.drop_consumer("live-process", ["alive"]) == ["alive"]
-    assert not queue.has_queue("alive")
 
 
 def test_receipts_and_driver_errors_raise_world_error(queue: PostgresQueue) -> None:
@@ -396,3 +224,8 @@ def test_concurrent_claimers_in_several_processes_get_each_row_once(queue: Postg
     assert sorted(everything) == list(range(total))  # every row exactly once
     assert sum(1 for r in results if r) >= 3  # the work was actually shared
     assert rows(queue) == []
+
+
+class TestPostgresQueueStore(QueueStoreSuite):
+    def rows(self, queue: Any) -> list[tuple[Any, ...]]:
+        return rows(queue)

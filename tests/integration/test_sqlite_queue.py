@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from celery_workflow._sqlite import Database
 from celery_workflow.errors import WorldError
 from celery_workflow.sqlite_queue import SQLiteQueue, parse_receipt
-from celery_workflow.transport.base import backoff
 from celery_workflow.world import Delivery
-
-T0 = 1_800_000_000.0
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def at(offset: float) -> datetime:
-    return datetime.fromtimestamp(T0 + offset, UTC)
+from tests.integration.queue_suite import Clock, QueueStoreSuite
 
 
 @pytest.fixture
@@ -51,94 +34,6 @@ def rows(q: SQLiteQueue) -> list[tuple[object, ...]]:
     return [tuple(r) for r in conn.execute(sql).fetchall()]
 
 
-def test_claims_oldest_due_first_across_queues(queue: SQLiteQueue) -> None:
-    queue.enqueue(
-        [
-            Delivery("a", b"third", not_before=at(-1)),
-            Delivery("b", b"first", not_before=at(-30)),
-            Delivery("a", b"second", not_before=at(-20)),
-            Delivery("c", b"other queue", not_before=at(-100)),
-        ]
-    )
-    claimed = queue.claim(["a", "b"], limit=10)
-    assert [c.payload for c in claimed] == [b"first", b"second", b"third"]
-    assert [c.attempts for c in claimed] == [1, 1, 1]
-    assert queue.claim(["a", "b"], limit=10) == []
-    assert [c.payload for c in queue.claim(["c"])] == [b"other queue"]
-
-
-def test_limit_takes_only_the_oldest(queue: SQLiteQueue) -> None:
-    queue.enqueue([Delivery("a", str(i).encode(), not_before=at(-10 + i)) for i in range(5)])
-    assert [c.payload for c in queue.claim(["a"], limit=2)] == [b"0", b"1"]
-    assert [c.payload for c in queue.claim(["a"], limit=2)] == [b"2", b"3"]
-
-
-def test_rows_not_yet_due_are_invisible(queue: SQLiteQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"later", not_before=at(60))])
-    assert queue.claim(["a"]) == []
-    assert queue.next_due(["a"]) == pytest.approx(T0 + 60)
-    clock.advance(59.9)
-    assert queue.claim(["a"]) == []
-    clock.advance(0.1)
-    assert [c.payload for c in queue.claim(["a"])] == [b"later"]
-
-
-def test_a_lease_hides_the_row_until_it_runs_out(queue: SQLiteQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x", run_id="wrun_1")])
-    (first,) = queue.claim(["a"], lease=30)
-    assert first.run_id == "wrun_1"
-    clock.advance(29)
-    assert queue.claim(["a"]) == []
-    assert queue.next_due(["a"]) == pytest.approx(T0 + 30)
-    clock.advance(1)
-    (second,) = queue.claim(["a"], lease=30)
-    assert second.attempts == 2
-    assert second.receipt != first.receipt
-
-
-def test_a_stale_receipt_cannot_touch_a_reclaimed_row(queue: SQLiteQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x")])
-    (stale,) = queue.claim(["a"], lease=10)
-    clock.advance(11)
-    (fresh,) = queue.claim(["a"], lease=10)
-    queue.ack(stale.receipt)
-    queue.extend([stale.receipt], 1000)
-    queue.release(stale.receipt)
-    queue.retry_later(stale.receipt, 0)
-    assert len(rows(queue)) == 1
-    clock.advance(9)
-    assert queue.claim(["a"]) == []  # the fresh lease is untouched (not released, not extended)
-    queue.ack(fresh.receipt)
-    assert rows(queue) == []
-
-
-def test_release_ends_the_claim(queue: SQLiteQueue) -> None:
-    queue.enqueue([Delivery("a", b"x")])
-    (claim,) = queue.claim(["a"])
-    queue.release(claim.receipt)
-    queue.ack(claim.receipt)  # the released claim is over: its receipt deletes nothing
-    (again,) = queue.claim(["a"])
-    assert again.attempts == 2
-
-
-def test_idempotency_key_dedups_while_pending_and_is_released_by_the_claim(queue: SQLiteQueue) -> None:
-    assert queue.enqueue([Delivery("a", b"1", run_id="r1", idempotency_key="k")]) == [True]
-    assert queue.enqueue([Delivery("a", b"2", run_id="r1", idempotency_key="k")]) == [False]
-    assert queue.enqueue([Delivery("b", b"2b", run_id="r1", idempotency_key="k")]) == [False]  # scope: the run
-    assert queue.enqueue([Delivery("a", b"3", run_id="r2", idempotency_key="k")]) == [True]
-    assert queue.enqueue([Delivery("a", b"4", idempotency_key="k"), Delivery("a", b"5", idempotency_key="k")]) == [
-        True,
-        False,
-    ]
-    assert queue.enqueue([Delivery("b", b"6", idempotency_key="k")]) == [True]  # no run: scope is the queue
-    assert queue.enqueue([Delivery("a", b"7", run_id="r1"), Delivery("a", b"8", run_id="r1")]) == [True, True]
-
-    claimed = queue.claim(["a"], limit=1)
-    assert [c.payload for c in claimed] == [b"1"]
-    assert queue.enqueue([Delivery("a", b"9", run_id="r1", idempotency_key="k")]) == [True]  # key released
-    assert queue.enqueue([Delivery("a", b"10", run_id="r1", idempotency_key="k")]) == [False]
-
-
 def test_insert_and_delete_for_run_join_the_callers_transaction(queue: SQLiteQueue) -> None:
     with queue.db.transaction() as conn:
         assert queue.insert(conn, [Delivery("a", b"1", run_id="r1"), Delivery("a", b"2", run_id="r2")]) == [True, True]
@@ -150,46 +45,6 @@ def test_insert_and_delete_for_run_join_the_callers_transaction(queue: SQLiteQue
     with queue.db.transaction() as conn:
         assert queue.delete_for_run(conn, "r1") == 1
     assert [c.run_id for c in queue.claim(["a"], limit=5)] == ["r2"]
-
-
-def test_retry_later_backs_off(queue: SQLiteQueue, clock: Clock) -> None:
-    assert [backoff(n) for n in (1, 2, 3, 4, 9, 10, 50, 10_000)] == [1, 2, 4, 8, 256, 300, 300, 300]
-    queue.enqueue([Delivery("a", b"x")])
-    for attempt in (1, 2, 3):
-        (claim,) = queue.claim(["a"])
-        assert claim.attempts == attempt
-        queue.retry_later(claim.receipt, backoff(claim.attempts))
-        clock.advance(backoff(attempt) - 0.01)
-        assert queue.claim(["a"]) == []
-        clock.advance(0.01)
-    assert queue.claim(["a"])[0].attempts == 4
-
-
-def test_extend_pushes_the_lease(queue: SQLiteQueue, clock: Clock) -> None:
-    queue.enqueue([Delivery("a", b"x"), Delivery("a", b"y")])
-    a, b = queue.claim(["a"], limit=2, lease=10)
-    clock.advance(8)
-    queue.extend([a.receipt, b.receipt], 10)
-    clock.advance(9)  # 17 s after the claim, 9 s after the extension
-    assert queue.claim(["a"]) == []
-    clock.advance(1)
-    assert {c.payload for c in queue.claim(["a"], limit=5)} == {b"x", b"y"}
-
-
-def test_size_purge_and_message_ttl(queue: SQLiteQueue, clock: Clock) -> None:
-    queue.declare_queue("events", auto_delete=True, message_ttl=5)
-    queue.put("events", b"old")
-    queue.put("plain", b"p")
-    assert queue.size("events") == 1
-    clock.advance(5)
-    assert queue.size("events") == 0
-    assert queue.claim(["events"]) == []
-    assert queue.gc()["messages"] == 1
-    assert queue.size("plain") == 1
-    queue.claim(["plain"])
-    queue.put("plain", b"q")
-    assert queue.purge("plain") == 1  # the claimed row stays with its holder
-    assert len(rows(queue)) == 1
 
 
 def test_receipts_and_driver_errors_raise_world_error(queue: SQLiteQueue) -> None:
@@ -247,3 +102,8 @@ def test_concurrent_claimers_in_several_processes_get_each_row_once(tmp_path: Pa
     assert sorted(everything) == list(range(total))  # every row exactly once
     assert sum(1 for r in results if r) >= 2  # the work was actually shared
     assert rows(q) == []
+
+
+class TestSQLiteQueueStore(QueueStoreSuite):
+    def rows(self, queue: Any) -> list[tuple[Any, ...]]:
+        return rows(queue)
