@@ -262,6 +262,13 @@ class Script:
         self._queued.append((sql, params))
         return len(self._queued) - 1
 
+    def begin(self, mode: str = "", *, synchronous_commit: bool | None = None) -> None:
+        """Queue ``BEGIN [mode]`` and, if given, this transaction's ``synchronous_commit`` (False: commit without
+        waiting for the disk; True: on disk at commit, whatever the session says)."""
+        self.add(f"BEGIN {mode}".rstrip())
+        if synchronous_commit is not None:
+            self.add(f"SET LOCAL synchronous_commit = {'on' if synchronous_commit else 'off'}")
+
     def __len__(self) -> int:
         return len(self._queued)
 

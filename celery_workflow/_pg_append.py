@@ -236,7 +236,7 @@ class WholeRun:
     its log, and every step, live hook and wait (what :class:`SnapshotCache` keeps)."""
 
     def __init__(self, script: Script, run_id: str) -> None:
-        script.add("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        script.begin("ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         self.run = script.add(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s", (run_id,))
         self.log = script.add(f"SELECT {EVENT} FROM celery_workflow_events WHERE run_id = %s ORDER BY slot", (run_id,))
         self.tables = {

@@ -107,19 +107,18 @@ class PostgresQueue:
 
     def _run(self, what: str, sql: str, values: dict[str, Any], commit_mode: str) -> tuple[list[tuple[Any, ...]], int]:
         params = self._params(**values)
-        setting = None
+        setting = None  # only when the session's own setting differs
         if commit_mode == "lazy" and not self.db.lazy_commits:
-            setting = "off"
+            setting = False
         elif commit_mode == "disk" and self.db.lazy_commits:
-            setting = "on"
+            setting = True
 
         def go(conn: Conn) -> tuple[list[tuple[Any, ...]], int]:
             if setting is None:  # one statement, one round trip
                 cur = conn.execute(sql, params, prepare=True)
                 return (cur.fetchall() if cur.description is not None else []), int(cur.rowcount)
             script = Script(conn)
-            script.add("BEGIN")
-            script.add(f"SET LOCAL synchronous_commit = {setting}")
+            script.begin(synchronous_commit=setting)
             index = script.add(sql, params)
             script.add("COMMIT")
             result = script.send()[index]
@@ -177,10 +176,8 @@ class PostgresQueue:
         def go(conn: Conn) -> list[bool]:
             script = Script(conn)
             whole = len(deliveries) > 1 or self.db.lazy_commits
-            if whole:
-                script.add("BEGIN")
-            if self.db.lazy_commits:
-                script.add("SET LOCAL synchronous_commit = on")  # a stored message is on disk
+            if whole:  # a stored message is on disk, whatever the session says
+                script.begin(synchronous_commit=True if self.db.lazy_commits else None)
             slots = self.add_inserts(script, deliveries)
             if whole:
                 script.add("COMMIT")

@@ -151,17 +151,16 @@ class PostgresWorld:
     def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
         check_deliveries(deliveries)
         (created,) = normalise([NewEvent(EventType.RUN_CREATED, None, run.event_data())])
-        rules.new_run(run.run_id, created.data, ids.utcnow())  # EventInvalid before any round trip
+        view_, first = rules.new_run(run.run_id, created.data, ids.utcnow())  # EventInvalid before any round trip
+        values = row("runs", view_)
         write_id = uuid.uuid4().hex
 
         def tx(conn: Conn) -> tuple[RunView, bool]:
             # One round trip: the run, its first event and its deliveries are inserted only if the run is new (the
             # event and the deliveries are conditional on the event row this call wrote), then the run as stored
             # and whether this call wrote it, which also answers a retry whose first commit lost its answer.
-            view_, first = rules.new_run(run.run_id, created.data, ids.utcnow())
-            values = row("runs", view_)
             script = Script(conn)
-            script.add("BEGIN")
+            script.begin()
             script.add(
                 insert_sql("celery_workflow_runs", list(values)) + " ON CONFLICT DO NOTHING", tuple(values.values())
             )
@@ -227,9 +226,7 @@ class PostgresWorld:
             # and COMMIT. A rule violation or a lost connection leaves the transaction to be rolled back.
             self._snapshots.forget(run_id)  # this path reads only what the batch names
             script = Script(conn)
-            script.add("BEGIN")
-            if not durable:
-                script.add("SET LOCAL synchronous_commit = off")
+            script.begin(synchronous_commit=None if durable else False)
             reads = LockedReads(script, run_id, keys, batch, retry_of=write_id if attempts > 1 else None)
             snapshot, done = reads.snapshot(script.send())
             if done:  # an earlier attempt committed before its connection was lost
@@ -267,9 +264,7 @@ class PostgresWorld:
         if not plan.events:  # nothing would refuse a stale plan
             return None
         script = Script(conn)
-        script.add("BEGIN")
-        if not durable:
-            script.add("SET LOCAL synchronous_commit = off")
+        script.begin(synchronous_commit=None if durable else False)
         script.add("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (run_id,))
         ending, disposed = releases(batch)
         if ending or disposed:

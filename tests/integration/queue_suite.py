@@ -6,7 +6,9 @@ fixture (a store whose ``clock`` is it) and says how to read its rows (:meth:`Qu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import pytest
@@ -30,6 +32,25 @@ class Clock:
 
 def at(offset: float) -> datetime:
     return datetime.fromtimestamp(T0 + offset, UTC)
+
+
+def claim_in_processes(
+    ctx: BaseContext, claimer: Callable[..., None], args: tuple[Any, ...], processes: int, timeout: float
+) -> list[list[int]]:
+    """Run ``claimer(*args, start, out)`` in ``processes`` processes released at once; what each one claimed."""
+    start = ctx.Event()
+    out: Any = ctx.Queue()
+    procs = [ctx.Process(target=claimer, args=(*args, start, out)) for _ in range(processes)]  # type: ignore[attr-defined]
+    for p in procs:
+        p.start()
+    try:
+        start.set()
+        return [out.get(timeout=timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
 
 
 class QueueStoreSuite:

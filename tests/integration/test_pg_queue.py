@@ -18,7 +18,7 @@ from celery_workflow.errors import WorldError
 from celery_workflow.pg_queue import PostgresQueue
 from celery_workflow.world import Delivery
 from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
-from tests.integration.queue_suite import Clock, QueueStoreSuite, at
+from tests.integration.queue_suite import Clock, QueueStoreSuite, at, claim_in_processes
 
 
 @pytest.fixture
@@ -206,20 +206,7 @@ def test_concurrent_claimers_in_several_processes_get_each_row_once(queue: Postg
     total = 1000
     queue.clock = None
     queue.enqueue([Delivery(("work", "other")[i % 2], str(i).encode()) for i in range(total)])
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Event()
-    out: multiprocessing.Queue[list[int]] = ctx.Queue()
-    procs = [ctx.Process(target=_claimer, args=(url, start, out)) for _ in range(6)]
-    for p in procs:
-        p.start()
-    try:
-        start.set()
-        results = [out.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    results = claim_in_processes(multiprocessing.get_context("spawn"), _claimer, (url,), 6, timeout=120)
     everything = [i for r in results for i in r]
     assert sorted(everything) == list(range(total))  # every row exactly once
     assert sum(1 for r in results if r) >= 3  # the work was actually shared

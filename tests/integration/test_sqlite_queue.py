@@ -13,7 +13,7 @@ from celery_workflow._sqlite import Database
 from celery_workflow.errors import WorldError
 from celery_workflow.sqlite_queue import SQLiteQueue, parse_receipt
 from celery_workflow.world import Delivery
-from tests.integration.queue_suite import Clock, QueueStoreSuite
+from tests.integration.queue_suite import Clock, QueueStoreSuite, claim_in_processes
 
 
 @pytest.fixture
@@ -84,20 +84,7 @@ def test_concurrent_claimers_in_several_processes_get_each_row_once(tmp_path: Pa
     q = SQLiteQueue(Database(path))
     total = 400
     q.enqueue([Delivery("work", str(i).encode()) for i in range(total)])
-    ctx = multiprocessing.get_context("fork")
-    start = ctx.Event()
-    out: multiprocessing.Queue[list[int]] = ctx.Queue()
-    procs = [ctx.Process(target=_claimer, args=(path, start, out)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        start.set()
-        results = [out.get(timeout=60) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    results = claim_in_processes(multiprocessing.get_context("fork"), _claimer, (path,), 4, timeout=60)
     everything = [i for r in results for i in r]
     assert sorted(everything) == list(range(total))  # every row exactly once
     assert sum(1 for r in results if r) >= 2  # the work was actually shared
