@@ -10,7 +10,7 @@ minus durability and cross-process access:
 * the queue is faithful: due times, leases that hide a claimed delivery until they expire, receipts that go stale
   when a delivery is claimed again (a stale receipt changes nothing), idempotency keys that deduplicate against a
   *pending* delivery of the same run (without a run: of the same queue) and are released when the delivery is
-  claimed; the same semantics as :class:`celery_workflow.sqlite_queue.SQLiteQueue`;
+  claimed; the same semantics as :class:`celery_workflow._sqlite.queue.SQLiteQueue`;
 * waiters (:meth:`~MemoryWorld.wait_for_terminal`, :meth:`~MemoryWorld.read_stream` with ``wait``) block on a
   condition variable and wake as soon as another thread writes.
 
@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 
 from celery_workflow import events as rules
 from celery_workflow import ids
-from celery_workflow._world_checks import check_chunks, check_deliveries, check_stream_name, normalise
+from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name, normalise
 from celery_workflow.errors import (
     ConfigurationError,
     EntityExists,

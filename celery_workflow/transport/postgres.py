@@ -1,6 +1,6 @@
 """Postgres transport for Celery: the queue table of the Postgres World, consumed by unmodified Celery workers.
 
-A thin layer over :mod:`celery_workflow.transport.base` and :class:`celery_workflow.pg_queue.PostgresQueue`: every
+A thin layer over :mod:`celery_workflow.transport.base` and :class:`celery_workflow._postgres.queue.PostgresQueue`: every
 process on any host (workers, their pool children, ``celery inspect``, Flower, the application) connects to the same
 database and schema, so messages, exchanges, bindings and queue declarations are shared.
 
@@ -71,8 +71,8 @@ import psycopg
 from kombu.transport import TRANSPORT_ALIASES
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from celery_workflow._pg import PgDatabase
-from celery_workflow.pg_queue import PostgresQueue
+from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
 
 __all__ = ["Channel", "Transport", "broker_database", "close_store", "conninfo", "mask_password", "shared_queue"]
@@ -124,7 +124,7 @@ def mask_password(url: str, mask: str = "**") -> str:
 
 def broker_database(url: str, *, pool_timeout: float = 2.0) -> PgDatabase:
     """A :class:`PgDatabase` whose pool waits at most ``pool_timeout`` seconds for a connection and whose sessions
-    commit lazily (claims, acks, leases, declarations: see :mod:`celery_workflow.pg_queue`; published messages are
+    commit lazily (claims, acks, leases, declarations: see :mod:`celery_workflow._postgres.queue`; published messages are
     still on disk when ``put`` returns).
 
     psycopg_pool waits 30 s by default, and :meth:`PgDatabase.run` retries lost connections 8 times: with the

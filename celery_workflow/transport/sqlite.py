@@ -1,6 +1,6 @@
 """SQLite transport for Celery: the queue table of the SQLite World, consumed by unmodified Celery workers.
 
-A thin layer over :mod:`celery_workflow.transport.base` and :class:`celery_workflow.sqlite_queue.SQLiteQueue`: every
+A thin layer over :mod:`celery_workflow.transport.base` and :class:`celery_workflow._sqlite.queue.SQLiteQueue`: every
 process on the machine (workers, their pool children, ``celery inspect``, Flower, the application) opens the same
 SQLite file in WAL mode, so messages, exchanges, bindings and queue declarations are shared.
 
@@ -54,8 +54,8 @@ from urllib.parse import unquote
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from celery_workflow._sqlite import Database
-from celery_workflow.sqlite_queue import SQLiteQueue
+from celery_workflow._sqlite.database import Database
+from celery_workflow._sqlite.queue import SQLiteQueue
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
 
 __all__ = ["Channel", "Transport", "database_path"]

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from celery_workflow import _pg, ids
+from celery_workflow import ids
+from celery_workflow._postgres import database as _pg
 from celery_workflow.errors import EntityTerminal, RunNotFound, RunTerminal, StaleLog, StepNotFound
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance

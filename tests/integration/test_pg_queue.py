@@ -13,9 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase
+from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase
+from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.errors import WorldError
-from celery_workflow.pg_queue import PostgresQueue
 from celery_workflow.world import Delivery
 from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
 from tests.integration.queue_suite import Clock, QueueStoreSuite, at, claim_in_processes

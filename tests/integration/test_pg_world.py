@@ -22,8 +22,10 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from celery_workflow import _pg, ids
-from celery_workflow._pg_rows import COLUMNS, INDEXES, PRIMARY_KEYS
+from celery_workflow import ids
+from celery_workflow._postgres import database as _pg
+from celery_workflow._postgres.retention import sweep_expired
+from celery_workflow._postgres.rows import COLUMNS, INDEXES, PRIMARY_KEYS
 from celery_workflow.errors import (
     ConfigurationError,
     HookNotFound,
@@ -35,7 +37,6 @@ from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance
 from celery_workflow.world import Delivery, NewRun, World, open_world
 from celery_workflow.world_pg import PostgresConfig, PostgresWorld, postgres_url
-from celery_workflow.world_pg_retention import sweep_expired
 from tests.integration.pg_fixtures import (  # noqa: F401
     admin_connection,
     pg_admin_fixture,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from celery_workflow._sqlite import Database
+from celery_workflow._sqlite.database import Database
+from celery_workflow._sqlite.queue import SQLiteQueue, parse_receipt
 from celery_workflow.errors import WorldError
-from celery_workflow.sqlite_queue import SQLiteQueue, parse_receipt
 from celery_workflow.world import Delivery
 from tests.integration.queue_suite import Clock, QueueStoreSuite, claim_in_processes
 

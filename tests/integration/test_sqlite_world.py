@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_workflow import _sqlite, ids
+from celery_workflow import ids
+from celery_workflow._sqlite import database as _sqlite
 from celery_workflow.errors import ConfigurationError, SchemaVersionError, WorldError
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance

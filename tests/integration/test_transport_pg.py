@@ -14,9 +14,9 @@ import pytest
 from celery import Celery
 from kombu import Connection, Consumer, Producer, Queue
 
-from celery_workflow._pg import PgDatabase
+from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.errors import WorldError
-from celery_workflow.pg_queue import PostgresQueue
 from celery_workflow.transport.postgres import Transport, close_store, conninfo, mask_password
 from celery_workflow.world import Delivery
 from tests.integration.pg_fixtures import (  # noqa: F401

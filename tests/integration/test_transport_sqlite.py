@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from celery_workflow._sqlite import Database
+from celery_workflow._sqlite.database import Database
+from celery_workflow._sqlite.queue import SQLiteQueue
 from celery_workflow.errors import WorldError
-from celery_workflow.sqlite_queue import SQLiteQueue
 from celery_workflow.transport.sqlite import Transport, database_path
 from tests.integration.transport_suite import TransportSuite
 

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 
 from celery_workflow import ids
-from celery_workflow._pg import PgDatabase
+from celery_workflow._postgres.database import PgDatabase
 
 __all__ = ["BATCH", "RetentionSweeper", "sweep_expired"]
 
@@ -38,7 +38,7 @@ log = logging.getLogger("celery_workflow.postgres.retention")
 #: Runs deleted per statement.
 BATCH = 100
 
-#: The queue table of :mod:`celery_workflow.pg_queue` (``0002_queue.sql``): deliveries carry their run's id.
+#: The queue table of :mod:`celery_workflow._postgres.queue` (``0002_queue.sql``): deliveries carry their run's id.
 QUEUE_TABLE = "celery_workflow_queue"
 
 _SWEEP = f"""

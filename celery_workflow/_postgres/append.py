@@ -1,6 +1,6 @@
 """How the Postgres World writes a batch (not part of the public API): reads under lock, writes, snapshot cache.
 
-An append is a :class:`~celery_workflow._pg.Script` transaction of two round trips: ``BEGIN`` and the reads of
+An append is a :class:`~celery_workflow._postgres.database.Script` transaction of two round trips: ``BEGIN`` and the reads of
 :class:`LockedReads` (the run's row lock first), then, once :func:`celery_workflow.events.plan_append` has applied the
 rules, :func:`write_plan` and ``COMMIT``.
 
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_workflow import events as rules
-from celery_workflow._pg import Result, Script
-from celery_workflow._pg_rows import (
+from celery_workflow._postgres.database import Result, Script
+from celery_workflow._postgres.rows import (
     COLUMNS,
     EVENT,
     HOOK_H,

@@ -1,4 +1,4 @@
-"""The SQL statements of the Postgres queue (:mod:`celery_workflow.pg_queue`); not part of the public API.
+"""The SQL statements of the Postgres queue (:mod:`celery_workflow._postgres.queue`); not part of the public API.
 
 Tables: ``celery_workflow_queue`` (a row per message) and the broker state the transport shares
 (``celery_workflow_broker_queues`` / ``_exchanges`` / ``_bindings`` / ``_consumers``), migration ``0002_queue.sql``.
@@ -7,7 +7,7 @@ Every statement takes ``%(now)s``: NULL for the database server's clock, or a te
 
 from __future__ import annotations
 
-from celery_workflow._pg import CHANNEL_QUEUE
+from celery_workflow._postgres.database import CHANNEL_QUEUE
 
 Q = "celery_workflow_queue"
 QUEUES = "celery_workflow_broker_queues"

@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 
 from celery_workflow import ids
-from celery_workflow._pg import CHANNEL_STREAMS, PgDatabase
-from celery_workflow._world_checks import check_chunks, check_stream_name
+from celery_workflow._backend.checks import check_chunks, check_stream_name
+from celery_workflow._postgres.database import CHANNEL_STREAMS, PgDatabase
 from celery_workflow.errors import EventConflict, RunNotFound
 from celery_workflow.world import StreamChunk, StreamPage
 

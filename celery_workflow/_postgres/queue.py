@@ -50,15 +50,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from celery_workflow import _pg_queue_sql as stmt
-from celery_workflow._pg import CHANNEL_QUEUE, PgDatabase, Script
+from celery_workflow._postgres import queue_sql as stmt
+from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase, Script
+from celery_workflow._sqlite.queue import Binding, format_receipt, parse_receipt
 from celery_workflow.ids import to_utc
-from celery_workflow.sqlite_queue import Binding, format_receipt, parse_receipt
 from celery_workflow.world import ClaimedDelivery, Delivery
 
 __all__ = ["Binding", "PostgresQueue", "format_receipt", "parse_receipt"]
 
-if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_workflow._pg
+if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_workflow._postgres.database
     import psycopg
 
 Conn: TypeAlias = "psycopg.Connection[Any]"
@@ -80,7 +80,7 @@ def _total(value: timedelta | None) -> float | None:
 
 
 class PostgresQueue:
-    """Deliveries and broker state in a :class:`~celery_workflow._pg.PgDatabase` (thread- and fork-safe)."""
+    """Deliveries and broker state in a :class:`~celery_workflow._postgres.database.PgDatabase` (thread- and fork-safe)."""
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db

@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, S
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from celery_workflow._sqlite import Database
+from celery_workflow._sqlite.database import Database
 from celery_workflow.errors import WorldError
 from celery_workflow.ids import to_micros
 from celery_workflow.world import ClaimedDelivery, Delivery
@@ -91,7 +91,7 @@ def _marks(values: Sized) -> str:
 
 
 class SQLiteQueue:
-    """Deliveries and broker state in a :class:`~celery_workflow._sqlite.Database` (thread- and fork-safe)."""
+    """Deliveries and broker state in a :class:`~celery_workflow._sqlite.database.Database` (thread- and fork-safe)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db

@@ -1,0 +1,8 @@
+"""The Postgres backend's internals (the public face is :mod:`celery_workflow.world_pg`).
+
+* :mod:`.database`: the pool, retried transactions, pipelined scripts, migrations and the LISTEN connection;
+* :mod:`.world`: :class:`~celery_workflow._postgres.world.PostgresWorld`; :mod:`.append` (how a batch is read under
+  lock and written), :mod:`.rows` (tables and row mapping), :mod:`.streams`, :mod:`.retention`, :mod:`.config`;
+* :mod:`.queue` and :mod:`.queue_sql`: :class:`~celery_workflow._postgres.queue.PostgresQueue`, the deliveries and
+  broker state the World and the Postgres Kombu transport (:mod:`celery_workflow.transport.postgres`) share.
+"""
