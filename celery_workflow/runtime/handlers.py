@@ -177,17 +177,17 @@ class Runtime:
 
     def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
         if outcome.kind == "completed":
-            replay._write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
+            replay.write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
             return "completed"
         if outcome.kind == "failed":
-            replay._write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)
+            replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)
             return "failed"
         if outcome.kind == "diverged":
             message = str((outcome.error or {}).get("message", "replay divergence"))
             if attempt <= self.divergence_retries:
                 raise ReplayDivergence(f"run {run.run_id}: {message} (attempt {attempt}, will retry)")
             log.error("run %s diverged from its event log: %s", run.run_id, message)
-            replay._write(
+            replay.write(
                 [NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error, "code": "REPLAY_DIVERGENCE"})],
                 final=True,
             )
@@ -198,7 +198,7 @@ class Runtime:
         if replay.pending or replay.deferred:
             # a new hook may come back as hook_conflict, which needs another replay: keep the delivery until then
             creates_hooks = any(ev.event_type is EventType.HOOK_CREATED for ev in replay.pending)
-            written = replay._write([], deliveries, final=not creates_hooks)
+            written = replay.write([], deliveries, final=not creates_hooks)
             if any(ev.event_type is EventType.HOOK_CONFLICT for ev in written):
                 raise Restart()  # replay again so the workflow sees the conflict
         elif deliveries or replay.pending_deliveries:

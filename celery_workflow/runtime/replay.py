@@ -127,13 +127,13 @@ class Replay:
     def clock(self) -> datetime:
         """The replay clock. Reading it writes deferred events first, so it is the same on every replay."""
         if self.deferred:
-            self._write([])
+            self.write([])
         return self._clock
 
     @property
     def metadata(self) -> WorkflowMetadata:
         if self.deferred:
-            self._write([])
+            self.write([])
         return self._metadata
 
     # -- log bookkeeping -------------------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ class Replay:
     def _of(self, cid: str, kind: EventType) -> list[Event]:
         return [e for e in self.by_cid.get(cid, ()) if e.event_type is kind]
 
-    def _write(
+    def write(
         self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = (), *, final: bool = False
     ) -> list[Event]:
         """Write deferred events, pending creations and ``extra``, conditionally on the count this replay has seen.
@@ -202,7 +202,7 @@ class Replay:
     def _write_now(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
         """Write at the next slot whatever the count (terminal step events: protected by the one-terminal rule)."""
         if any(ev.event_type is EventType.RUN_STARTED for ev in self.deferred):
-            self._write([])  # a run's start goes first, conditionally
+            self.write([])  # a run's start goes first, conditionally
         written = self.effects.append([*self.deferred, *extra], list(deliveries), conditional=False)
         self.deferred.clear()
         self._absorb(written)
@@ -327,7 +327,7 @@ class Replay:
 
     def _run_inline(self, cid: str, sdef: StepDef, data_input: Any, create: list[NewEvent], hint: Any) -> Any:
         started_ev = NewEvent(EventType.STEP_STARTED, cid, {"owner": self.effects.delivery_id})
-        written = self._write([*create, started_ev])
+        written = self.write([*create, started_ev])
         started = written[-1]
         attempt = int(started.data["attempt"])
         crash_loop = steps.exceeded_starts(sdef, cid, attempt)
@@ -352,7 +352,7 @@ class Replay:
             resume_at = self.clock + timedelta(seconds=max(0.0, seconds))
             created = NewEvent(EventType.WAIT_CREATED, cid, {"resume_at": isoformat(resume_at)})
             if resume_at <= self.effects.wall_now():
-                written = self._write([created, NewEvent(EventType.WAIT_COMPLETED, cid)])
+                written = self.write([created, NewEvent(EventType.WAIT_COMPLETED, cid)])
                 self._advance(written[-1])
                 return
             self.pending.append(created)
@@ -366,7 +366,7 @@ class Replay:
             return
         resume_at = parse_iso(str(ev.data["resume_at"]))
         if resume_at <= self.effects.wall_now():
-            written = self._write([NewEvent(EventType.WAIT_COMPLETED, cid)])
+            written = self.write([NewEvent(EventType.WAIT_COMPLETED, cid)])
             self._advance(written[-1])
             return
         self.open_waits[cid] = resume_at
