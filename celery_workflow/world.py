@@ -10,14 +10,24 @@ Deliveries are opaque bytes to a World (a Celery message envelope built by :mod:
 stores them on a named queue with a due time and an optional idempotency key, which deduplicates against a *pending*
 delivery of the same run (claiming a delivery releases its key, so a delivery queued during execution is never lost).
 
-Worlds are selected by URL with :func:`open_world`: ``sqlite:///path`` (the embedded default), ``postgresql://…``.
+Worlds are selected by URL with :func:`open_world`. The scheme names an entry point of the group
+``celery_workflow.worlds`` (:data:`ENTRY_POINT_GROUP`): this package registers ``sqlite`` (the embedded default),
+``postgresql`` and ``postgres``; a third-party World registers its own scheme the same way, in its package metadata::
+
+    [options.entry_points]
+    celery_workflow.worlds =
+        mystore = my_package.world:MyWorld.from_url    # called as factory(url, **options) -> World
+
+This module names no backend: it only defines what every World is (``docs/adding-a-world.md`` walks through writing
+one) and resolves URLs through that table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from importlib.metadata import entry_points
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from celery_workflow.errors import ConfigurationError
@@ -49,6 +59,39 @@ class ClaimedDelivery:
     payload: bytes
     attempts: int
     run_id: str | None = None
+
+
+#: The keys under which a transport puts its claim in a message's ``delivery_info`` (see :class:`Claim`).
+RECEIPT_KEY = "cw_receipt"
+ATTEMPTS_KEY = "cw_attempts"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A transport's claim of the delivery being handled, as the runtime receives it: the ``receipt`` that acks it
+    (``World.append(ack=…)``) and how many times it was received, this time included.
+
+    A transport puts it in the message's ``delivery_info`` (:meth:`delivery_info`); the worker side reads it back
+    with :meth:`from_delivery_info`, so the two keys are written and read in one place.
+    """
+
+    receipt: str
+    attempts: int = 1
+
+    def delivery_info(self) -> dict[str, Any]:
+        return {RECEIPT_KEY: self.receipt, ATTEMPTS_KEY: self.attempts}
+
+    @classmethod
+    def from_delivery_info(cls, info: Mapping[str, Any] | None) -> Claim | None:
+        """The claim a transport of ours put in ``info``; None for a message that did not come from one."""
+        receipt = (info or {}).get(RECEIPT_KEY)
+        if not receipt:
+            return None
+        try:
+            attempts = max(1, int((info or {}).get(ATTEMPTS_KEY, 1)))
+        except (TypeError, ValueError):
+            attempts = 1
+        return cls(str(receipt), attempts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +142,43 @@ class BrokerSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a World's queue and listings promise beyond the protocol's minimum.
+
+    Every field defaults to True, which is what the SQLite, Postgres and in-memory Worlds give. A World on a broker
+    without one of them (standard SQS: unordered, whole seconds, no deduplication; DynamoDB's indexes: eventually
+    consistent) sets it to False; the conformance suite then skips exactly the cases that need it, saying why.
+    """
+
+    #: Claims take the oldest due deliveries first, across the queues asked for; a released delivery keeps its place.
+    ordered_claims: bool = True
+    #: Due times, leases and retry delays are honoured to well under a second.
+    subsecond_times: bool = True
+    #: An idempotency key deduplicates against a pending delivery (of the same run, or queue) in the broker.
+    dedup_pending: bool = True
+    #: ``list_runs`` shows a run as soon as ``create_run`` returned (no eventually consistent index in between).
+    consistent_listings: bool = True
+
+    def lacking(self) -> list[str]:
+        """The names of the capabilities this World does not have."""
+        return [name for name in self.__dataclass_fields__ if not getattr(self, name)]
+
+
+class Upkeep(Protocol):
+    """Background work a World runs while a worker lives (e.g. retention sweeps); stopped at worker shutdown."""
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+
 @runtime_checkable
 class World(Protocol):
     """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe."""
 
     #: Longest time a waiter sleeps between checks when nothing wakes it.
     poll_interval: float
+    #: What this World promises beyond the protocol's minimum.
+    capabilities: Capabilities
 
     # -- storage -------------------------------------------------------------------------------------------------
 
@@ -223,19 +297,42 @@ class World(Protocol):
         """The Kombu transport Celery uses to consume this World's queue."""
         ...
 
+    def start_upkeep(self) -> Upkeep | None:
+        """Start this World's background upkeep in the calling process (e.g. retention sweeps), or return None when
+        it needs none. A worker's main process calls it once it is ready and stops it at shutdown."""
+        ...
+
     def close(self) -> None: ...
 
 
-def open_world(url: str, **options: Any) -> World:
-    """A World from a URL: ``sqlite:///relative.db``, ``sqlite:////abs/path.db``, ``postgresql://…``."""
-    scheme = url.split(":", 1)[0].lower()
-    if scheme == "sqlite":
-        from celery_workflow.world_sqlite import SQLiteWorld
+#: The entry-point group World URL schemes are registered in (see the module docstring).
+ENTRY_POINT_GROUP = "celery_workflow.worlds"
 
-        return SQLiteWorld.from_url(url, **options)
-    if scheme in ("postgres", "postgresql"):
-        from celery_workflow.world_pg import PostgresWorld  # ConfigurationError without the [postgres] extra
 
-        world: World = PostgresWorld.open(url, **options)
+def world_schemes() -> dict[str, Callable[..., World]]:
+    """Every registered World URL scheme and its factory (loaded lazily: a backend's driver is imported only when
+    one of its URLs is opened)."""
+    found: dict[str, Callable[..., World]] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name.lower(), _lazy(ep.load))
+    return found
+
+
+def _lazy(load: Callable[[], Any]) -> Callable[..., World]:
+    def factory(url: str, **options: Any) -> World:
+        world: World = load()(url, **options)
         return world
-    raise ConfigurationError(f"unknown World URL scheme {scheme!r} (expected sqlite:// or postgresql://)")
+
+    return factory
+
+
+def open_world(url: str, **options: Any) -> World:
+    """A World from a URL whose scheme a World registered (``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
+    ``postgresql://…``, or a third party's); ConfigurationError for an unknown scheme, naming the known ones."""
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    schemes = world_schemes()
+    factory = schemes.get(scheme)
+    if factory is None:
+        known = ", ".join(f"{name}://" for name in sorted(schemes)) or "none (is celery-workflow installed?)"
+        raise ConfigurationError(f"unknown World URL scheme {scheme!r}; registered schemes: {known}")
+    return factory(url, **options)

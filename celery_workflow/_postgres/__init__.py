@@ -6,3 +6,13 @@
 * :mod:`.queue` and :mod:`.queue_sql`: :class:`~celery_workflow._postgres.queue.PostgresQueue`, the deliveries and
   broker state the World and the Postgres Kombu transport (:mod:`celery_workflow.transport.postgres`) share.
 """
+
+from __future__ import annotations
+
+try:  # the optional driver: pip install 'celery-workflow[postgres]'
+    import psycopg as _psycopg  # noqa: F401
+    import psycopg_pool as _psycopg_pool  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    from celery_workflow.errors import ConfigurationError
+
+    raise ConfigurationError("the Postgres World needs psycopg: pip install 'celery-workflow[postgres]'") from exc

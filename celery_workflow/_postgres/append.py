@@ -1,17 +1,22 @@
-"""How the Postgres World writes a batch (not part of the public API): reads under lock, writes, snapshot cache.
+"""How the Postgres World writes a batch (not part of the public API): the append template's steps, the reads under
+lock, the writes and the snapshot cache.
 
-An append is a :class:`~celery_workflow._postgres.database.Script` transaction of two round trips: ``BEGIN`` and the reads of
+:class:`PgAppend` gives :func:`celery_workflow._backend.template.append` its steps. An append is a
+:class:`~celery_workflow._postgres.database.Script` transaction of two round trips: ``BEGIN`` and the reads of
 :class:`LockedReads` (the run's row lock first), then, once :func:`celery_workflow.events.plan_append` has applied the
-rules, :func:`write_plan` and ``COMMIT``.
+rules, :func:`write_plan`, the deliveries, the ack and ``COMMIT``. The whole is retried by
+:meth:`~celery_workflow._postgres.database.PgDatabase.run` on deadlocks, serialization failures and lost connections;
+a retry first looks for the events its own ``write_id`` committed (a commit whose answer was lost).
 
 :class:`SnapshotCache` makes it one round trip for the run a process is working on. A replay reads the run's whole
 state (:meth:`~celery_workflow.world_pg.PostgresWorld.get_run_with_events`: the run, its log, every step, live hook
 and wait); the World keeps it as a :class:`~celery_workflow.events.Snapshot` and, after each batch it writes, the
 snapshot that batch leads to (:func:`celery_workflow.events.advance`). The next batch of that run is planned on the
-kept snapshot and sent as one script: ``BEGIN``, the run's row lock, the writes, ``COMMIT``. Nothing of a run's own
-state changes without a new event, and the events' primary key ``(run_id, slot)`` refuses the first slot of a batch
-planned on a stale snapshot (another process or thread appended meanwhile): that transaction rolls back and the
-batch is planned again on fresh reads. Batches that claim hook tokens (their owners are other runs' state) and
+kept snapshot (``Loaded.guess``) and sent as one script: ``BEGIN``, the run's row lock, the writes, ``COMMIT``.
+Nothing of a run's own state changes without a new event, and the events' primary key ``(run_id, slot)`` refuses the
+first slot of a batch planned on a stale snapshot (another process or thread appended meanwhile): that transaction
+rolls back (:class:`~celery_workflow._backend.template.StaleSnapshot`) and the template plans the batch again on
+fresh reads. Batches that claim hook tokens (their owners are other runs' state) and
 batches that would write no event (nothing would refuse them) always read afresh.
 """
 
@@ -19,37 +24,41 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg import errors as pg_errors
 
 from celery_workflow import events as rules
-from celery_workflow._postgres.database import Result, Script
+from celery_workflow import ids
+from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
+from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
+from celery_workflow._postgres.database import CHANNEL_RUNS, Result, Script
 from celery_workflow._postgres.rows import (
+    CODEC,
     COLUMNS,
     EVENT,
     HOOK_H,
     RUN,
-    RUN_MUTABLE,
-    STEP_MUTABLE,
+    TABLE,
     TOKEN_LOCK_SPACE,
-    WAIT_MUTABLE,
-    event,
     event_row,
-    hook_view,
     insert_sql,
-    row,
-    run_view,
     token_lock_keys,
     update_sql,
-    view,
 )
-from celery_workflow.events import Event, EventType, NewEvent
+from celery_workflow.events import Event, EventType
 
-__all__ = ["LockedReads", "SnapshotCache", "write_plan"]
+if TYPE_CHECKING:
+    import psycopg
 
-#: Events after which the run may end (its tokens are then locked up front, see LockedReads).
-RUN_ENDING = frozenset({EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
-TABLE = {"steps": "celery_workflow_steps", "hooks": "celery_workflow_hooks", "waits": "celery_workflow_waits"}
+    from celery_workflow._postgres.world import PostgresWorld
+
+__all__ = ["LockedReads", "PgAppend", "SnapshotCache", "WholeRun", "write_plan"]
+
+R = TypeVar("R")
 
 
 def lock_tokens_sql(run_id: str, tokens: Sequence[str], ending: bool, disposed: Sequence[str]) -> tuple[str, Any]:
@@ -63,11 +72,84 @@ def lock_tokens_sql(run_id: str, tokens: Sequence[str], ending: bool, disposed: 
     )
 
 
-def releases(batch: Sequence[NewEvent]) -> tuple[bool, list[str]]:
-    """Whether a batch may end its run, and the hooks it disposes: the token rows it must lock."""
-    ending = any(e.event_type in RUN_ENDING for e in batch)
-    disposed = sorted({str(e.correlation_id) for e in batch if e.event_type is EventType.HOOK_DISPOSED})
-    return ending, disposed
+@dataclass(slots=True)
+class _Tx:
+    """One attempt of an append on one connection: its script once the reads are sent, or the kept snapshot the
+    batch is planned on."""
+
+    conn: psycopg.Connection[Any]
+    attempt: int
+    script: Script | None = None
+    kept: rules.Snapshot | None = None
+
+
+class PgAppend:
+    """The append template's steps for one :class:`~celery_workflow.world_pg.PostgresWorld`."""
+
+    def __init__(self, world: PostgresWorld) -> None:
+        self.world = world
+        self.snapshots = SnapshotCache()
+
+    def now(self) -> datetime:
+        return ids.utcnow()
+
+    def transaction(self, body: Callable[[_Tx], R], request: AppendRequest) -> R:
+        attempts = 0
+
+        def run(conn: psycopg.Connection[Any]) -> R:
+            nonlocal attempts
+            attempts += 1
+            return body(_Tx(conn, attempts))
+
+        return self.world.db.run(run, what="append", transaction=False)
+
+    def load(self, tx: _Tx, request: AppendRequest, *, fresh: bool) -> Loaded:
+        run_id = request.run_id
+        if not fresh and tx.attempt == 1 and not request.keys.tokens:
+            kept = self.snapshots.get(run_id)
+            if kept is not None:  # one round trip: lock, writes and COMMIT go together in write()
+                tx.kept = kept
+                return Loaded(kept, guess=True)
+        # Two round trips: BEGIN and every read under the run's lock, then (rules applied by the template) every
+        # write and COMMIT. A rule violation or a lost connection leaves the transaction to be rolled back.
+        self.snapshots.forget(run_id)  # this path reads only what the batch names
+        script = tx.script = Script(tx.conn)
+        script.begin(synchronous_commit=None if request.durable else False)
+        reads = LockedReads(script, request, retry_of=request.write_id if tx.attempt > 1 else None)
+        snapshot, done = reads.snapshot(script.send())
+        return Loaded(snapshot, written=done or None)
+
+    def write(self, tx: _Tx, request: AppendRequest, plan: rules.Plan) -> None:
+        if tx.kept is None:
+            assert tx.script is not None
+            self._finish(tx.script, request, plan)
+            tx.script.send()
+            return
+        script = Script(tx.conn)
+        script.begin(synchronous_commit=None if request.durable else False)
+        script.add("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (request.run_id,))
+        disposed = request.disposed_hooks
+        if request.ends_run or disposed:
+            script.add(*lock_tokens_sql(request.run_id, [], request.ends_run, disposed))
+        self._finish(script, request, plan)
+        try:
+            script.send()
+        except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation):
+            tx.conn.rollback()  # the snapshot was stale: another writer took the slot, or the run is gone
+            self.snapshots.forget(request.run_id)
+            raise StaleSnapshot() from None
+        self.snapshots.put(rules.advance(tx.kept, plan))
+
+    def _finish(self, script: Script, request: AppendRequest, plan: rules.Plan) -> None:
+        """Queue the plan's writes, the deliveries, the ack, the run-end notification and COMMIT."""
+        write_plan(script, plan, request.write_id)
+        queue = self.world.queue
+        queue.add_inserts(script, request.deliveries)
+        if request.ack is not None:
+            queue.add_delete_claim(script, request.ack)
+        if plan.run_ended:
+            script.add("SELECT pg_notify(%s, %s)", (CHANNEL_RUNS, plan.run.run_id))
+        script.add("COMMIT")
 
 
 def write_plan(script: Script, plan: rules.Plan, write_id: str) -> None:
@@ -76,32 +158,33 @@ def write_plan(script: Script, plan: rules.Plan, write_id: str) -> None:
     if not plan.events:
         return  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
     run = plan.run
-    created = {(e.event_type, e.correlation_id): e.slot for e in plan.events if e.event_type in rules.CREATION_EVENTS}
+    created = created_slots(plan.events)
     script.add(
         insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"], rows=len(plan.events)),
         [value for e in plan.events for value in event_row(e, write_id)],
     )
-    values = row("runs", run)
+    values = CODEC.record("runs", run)
     script.add(
-        update_sql("celery_workflow_runs", RUN_MUTABLE, ("run_id",)),
-        (*(values[c] for c in RUN_MUTABLE), run.run_id),
+        update_sql("celery_workflow_runs", MUTABLE["runs"], ("run_id",)),
+        (*(values[c] for c in MUTABLE["runs"]), run.run_id),
     )
-    for table, items, mutable, key, kind in (
-        ("steps", plan.steps, STEP_MUTABLE, "step_id", EventType.STEP_CREATED),
-        ("waits", plan.waits, WAIT_MUTABLE, "wait_id", EventType.WAIT_CREATED),
+    for table, items, kind in (
+        ("steps", plan.steps, EventType.STEP_CREATED),
+        ("waits", plan.waits, EventType.WAIT_CREATED),
     ):
+        key = KEYS[table]
         for item in items.values():
             slot = created.get((kind, getattr(item, key)))
-            values = row(table, item, created_slot=slot)
+            values = CODEC.record(table, item, created_slot=slot)
             if slot is None:
                 script.add(
-                    update_sql(TABLE[table], mutable, ("run_id", key)),
-                    (*(values[c] for c in mutable), values["run_id"], values[key]),
+                    update_sql(TABLE[table], MUTABLE[table], ("run_id", key)),
+                    (*(values[c] for c in MUTABLE[table]), values["run_id"], values[key]),
                 )
             else:
                 script.add(insert_sql(TABLE[table], list(values)), tuple(values.values()))
     # Deleting a hook releases its token (hook_tokens references hooks ON DELETE CASCADE); the token rows were
-    # locked by _Reads already.
+    # locked by LockedReads already.
     if plan.run_ended:
         script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s", (run.run_id,))
         script.add("DELETE FROM celery_workflow_waits WHERE run_id = %s", (run.run_id,))
@@ -111,7 +194,7 @@ def write_plan(script: Script, plan: rules.Plan, write_id: str) -> None:
             (run.run_id, sorted(plan.hooks_deleted)),
         )
     for hook_id, hook in plan.hooks_inserted.items():
-        values = row("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)])
+        values = CODEC.record("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)])
         script.add(insert_sql("celery_workflow_hooks", list(values)), tuple(values.values()))
         script.add(
             "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at) VALUES (%s, %s, %s, %s)",
@@ -130,9 +213,8 @@ class LockedReads:
     snapshot, so every read after the run's lock sees the state under that lock.
     """
 
-    def __init__(
-        self, script: Script, run_id: str, keys: rules.Keys, batch: Sequence[NewEvent], *, retry_of: str | None
-    ) -> None:
+    def __init__(self, script: Script, request: AppendRequest, *, retry_of: str | None) -> None:
+        run_id, keys = request.run_id, request.keys
         self.keys = keys
         self.run = script.add(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (run_id,))
         self.written = (
@@ -143,16 +225,12 @@ class LockedReads:
             if retry_of is not None
             else None
         )
-        self.entities: list[tuple[str, str, int]] = []
-        for table, key, wanted in (
-            ("steps", "step_id", keys.steps),
-            ("hooks", "hook_id", keys.hooks),
-            ("waits", "wait_id", keys.waits),
-        ):
+        self.entities: list[tuple[str, int]] = []
+        for table, wanted in (("steps", keys.steps), ("hooks", keys.hooks), ("waits", keys.waits)):
             if wanted:
                 columns = ", ".join(COLUMNS[TABLE[table]])
-                sql = f"SELECT {columns} FROM {TABLE[table]} WHERE run_id = %s AND {key} = ANY(%s)"
-                self.entities.append((table, key, script.add(sql, (run_id, sorted(wanted)))))
+                sql = f"SELECT {columns} FROM {TABLE[table]} WHERE run_id = %s AND {KEYS[table]} = ANY(%s)"
+                self.entities.append((table, script.add(sql, (run_id, sorted(wanted)))))
         self.created = (
             script.add(
                 "SELECT correlation_id FROM celery_workflow_events WHERE run_id = %s"
@@ -162,7 +240,7 @@ class LockedReads:
             if keys.hooks
             else None
         )
-        ending, disposed = releases(batch)
+        ending, disposed = request.ends_run, request.disposed_hooks
         self.tokens: int | None = None
         if keys.tokens or ending or disposed:
             for lock_key in token_lock_keys(keys.tokens):
@@ -172,20 +250,17 @@ class LockedReads:
     def snapshot(self, results: list[Result]) -> tuple[rules.Snapshot, list[Event]]:
         """The snapshot the rules need, and the events an earlier attempt of this very append wrote (if any)."""
         stored_run = results[self.run].one()
-        snapshot = rules.Snapshot(None if stored_run is None else run_view(stored_run))
+        snapshot = rules.Snapshot(None if stored_run is None else CODEC.run(stored_run))
         if snapshot.run is None:
             return snapshot, []
-        done = [] if self.written is None else [event(r) for r in results[self.written].rows]
-        found: dict[str, dict[str, Any]] = {"steps": snapshot.steps, "hooks": snapshot.hooks, "waits": snapshot.waits}
-        for table, key, index in self.entities:
-            for stored in results[index].rows:
-                item = view(table, stored)
-                found[table][getattr(item, key)] = item
+        done = [] if self.written is None else [CODEC.event(r) for r in results[self.written].rows]
+        for table, index in self.entities:
+            add_views(snapshot, table, (CODEC.view(table, stored) for stored in results[index].rows))
         if self.created is not None:
             snapshot.created_hooks.update(hook_id for (hook_id,) in results[self.created].rows)
         if self.tokens is not None:
             for stored in results[self.tokens].rows:
-                hook = hook_view(stored)
+                hook = CODEC.hook(stored)
                 if hook.token in self.keys.tokens:
                     snapshot.token_owners[hook.token] = hook
         return snapshot, done
@@ -249,14 +324,10 @@ class WholeRun:
         stored = results[self.run].one()
         if stored is None:
             return None, []
-        log = [event(r) for r in results[self.log].rows]
-        snapshot = rules.Snapshot(run_view(stored))
-        found: dict[str, dict[str, Any]] = {"steps": snapshot.steps, "hooks": snapshot.hooks, "waits": snapshot.waits}
-        keys = {"steps": "step_id", "hooks": "hook_id", "waits": "wait_id"}
+        log = [CODEC.event(r) for r in results[self.log].rows]
+        snapshot = rules.Snapshot(CODEC.run(stored))
         for table, index in self.tables.items():
-            for r in results[index].rows:
-                item = view(table, r)
-                found[table][getattr(item, keys[table])] = item
+            add_views(snapshot, table, (CODEC.view(table, r) for r in results[index].rows))
         snapshot.created_hooks.update(
             str(e.correlation_id) for e in log if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
         )

@@ -8,9 +8,9 @@
   connections are in autocommit mode, so a single statement costs one round trip (``run(..., transaction=False)``)
   and :class:`Script` sends a whole transaction (``BEGIN`` … ``COMMIT``, prepared statements) as one or two round
   trips.
-* Migrations: ``celery_workflow/sql/postgres/NNNN_name.sql`` applied in one transaction under
-  ``pg_advisory_xact_lock``, versions in ``celery_workflow_schema_version``; a database newer than this library is
-  refused with :class:`~celery_workflow.errors.SchemaVersionError`. Tables go to the connection's ``search_path``.
+* Migrations (:mod:`celery_workflow._backend.migrations`): ``celery_workflow/sql/postgres/NNNN_name.sql`` applied in
+  one transaction under ``pg_advisory_xact_lock``; a database newer than this library is refused with
+  :class:`~celery_workflow.errors.SchemaVersionError`. Tables go to the connection's ``search_path``.
 * :class:`Listener`: one dedicated ``LISTEN`` connection per process. Waiters take a generation mark, check the
   database, then wait for a notification after that mark or their timeout, so a notification that arrives between
   the check and the wait is never missed, and a lost one only costs one poll interval. The connection reconnects by
@@ -25,18 +25,15 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from importlib import resources
 from typing import Any, TypeVar
 
-from celery_workflow.errors import ConfigurationError, SchemaVersionError, WorldError
+import psycopg  # the package's __init__ says what to install when it is missing
+from psycopg import errors as pg_errors
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
 
-try:  # optional driver: pip install 'celery-workflow[postgres]'
-    import psycopg
-    from psycopg import errors as pg_errors
-    from psycopg.pq import TransactionStatus
-    from psycopg_pool import ConnectionPool
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ConfigurationError("the Postgres World needs psycopg: pip install 'celery-workflow[postgres]'") from exc
+from celery_workflow._backend.migrations import check_version, migrations
+from celery_workflow.errors import ConfigurationError, WorldError
 
 log = logging.getLogger("celery_workflow.postgres")
 
@@ -51,17 +48,6 @@ CHANNELS = (CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS)
 
 _MAX_KEYS = 10_000
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)
-
-
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every packaged Postgres migration, in order."""
-    folder = resources.files("celery_workflow") / "sql" / "postgres"
-    out = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if name.endswith(".sql") and name[:4].isdigit():
-            out.append((int(name[:4]), name, entry.read_text()))
-    return sorted(out)
 
 
 class PgDatabase:
@@ -174,10 +160,10 @@ class PgDatabase:
 
     # -- migrations ----------------------------------------------------------------------------------------------
 
-    def migrate(self) -> int:
-        """Apply missing migrations under an advisory lock; return the schema version."""
-        known = migrations()
-        latest = known[-1][0] if known else 0
+    def migrate(self, *, up_to: int | None = None) -> int:
+        """Apply missing migrations (those up to version ``up_to``, if given) under an advisory lock; return the
+        schema version."""
+        known = [m for m in migrations("postgres") if up_to is None or m.version <= up_to]
 
         def apply(conn: psycopg.Connection[Any]) -> int:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
@@ -187,18 +173,14 @@ class PgDatabase:
             )
             row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
             current = int(row[0]) if row else 0
-            if current > latest:
-                raise SchemaVersionError(
-                    f"the database has celery_workflow schema version {current}, newer than the {latest} this"
-                    " celery_workflow knows; upgrade celery_workflow"
-                )
+            check_version(current, migrations("postgres"), "the database")
             for version, name, sql in known:
                 if version > current:
                     conn.execute(sql.encode())  # no parameters: several statements run as one script
                     conn.execute(
                         "INSERT INTO celery_workflow_schema_version (version, name) VALUES (%s, %s)", (version, name)
                     )
-            return max(current, latest)
+            return max([current, *(m.version for m in known)])
 
         return self.run(apply, what="migration")
 

@@ -17,7 +17,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +25,7 @@ import psycopg
 
 from celery_workflow import ids
 from celery_workflow._backend.checks import check_chunks, check_stream_name
+from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.database import CHANNEL_STREAMS, PgDatabase
 from celery_workflow.errors import EventConflict, RunNotFound
 from celery_workflow.world import StreamChunk, StreamPage
@@ -125,14 +125,14 @@ class PgStreams:
             return self._read(run_id, name, start, limit)
         listener = self.db.listener
         key = stream_key(run_id, name)
-        deadline = time.monotonic() + wait
-        while True:
-            mark = listener.mark(CHANNEL_STREAMS, key)
-            page = self._read(run_id, name, start, limit)
-            left = deadline - time.monotonic()
-            if page.chunks or page.closed or left <= 0:
-                return page
-            listener.wait(CHANNEL_STREAMS, mark, min(left, self.poll_interval), key=key)
+        return wait_until(
+            lambda: self._read(run_id, name, start, limit),
+            lambda page: bool(page.chunks or page.closed),
+            timeout=wait,
+            poll_interval=self.poll_interval,
+            mark=lambda: listener.mark(CHANNEL_STREAMS, key),
+            wait=lambda mark, left: listener.wait(CHANNEL_STREAMS, mark, left, key=key),
+        )
 
     def _read(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
         def tx(conn: Conn) -> StreamPage:

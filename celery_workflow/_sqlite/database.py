@@ -1,10 +1,11 @@
-"""SQLite plumbing shared by the SQLite World and the SQLite transport.
+"""SQLite plumbing shared by the SQLite World and the SQLite transport: connections, transactions, migrations.
 
 * One connection per (process, thread): safe across ``fork()`` (Celery's prefork pool) and threads.
 * WAL mode, ``busy_timeout``; writes run in ``BEGIN IMMEDIATE`` transactions so writers queue instead of
   deadlocking on lock upgrades.
-* Migrations: ``celery_workflow/sql/sqlite/NNNN_name.sql`` applied in order inside one exclusive transaction,
-  versions recorded in ``celery_workflow_schema_version``; a database newer than this library is refused.
+* Migrations (:mod:`celery_workflow._backend.migrations`): ``celery_workflow/sql/sqlite/NNNN_name.sql`` applied in
+  order inside one exclusive transaction; a database newer than this library is refused.
+* URLs: :func:`database_path` reads the ``sqlite:///…`` form the World and the transport share.
 * :meth:`Database.wait_for_change` polls ``PRAGMA data_version`` (a shared-memory read, no disk I/O), so waiters in
   other processes wake within milliseconds of a commit without re-running their queries in a loop.
 """
@@ -17,24 +18,41 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
+from urllib.parse import quote, unquote
 
-from celery_workflow.errors import SchemaVersionError, WorldError
+from celery_workflow._backend.migrations import check_version, migrations
+from celery_workflow.errors import WorldError
 
 BUSY_TIMEOUT_MS = 30_000
 CHANGE_POLL = 0.005
 
 
-def migrations() -> list[tuple[int, str, str]]:
-    """(version, name, sql) of every packaged SQLite migration, in order."""
-    folder = resources.files("celery_workflow") / "sql" / "sqlite"
-    out = []
-    for entry in folder.iterdir():
-        name = entry.name
-        if name.endswith(".sql") and name[:4].isdigit():
-            out.append((int(name[:4]), name, entry.read_text()))
-    return sorted(out)
+def database_path(url: str) -> str:
+    """The absolute database path of ``sqlite:////abs/path.db``, ``sqlite:///relative.db`` or a bare path.
+
+    The form the SQLite World and the SQLite transport share; ValueError for another scheme, a host, a query string
+    or an in-memory database (which other processes cannot open).
+    """
+    text = (url or "").strip()
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme.lower() != "sqlite":
+            raise ValueError(f"a SQLite database needs a sqlite:// URL, got {url!r}")
+        if not rest.startswith("/"):
+            raise ValueError(f"use sqlite:///relative.db or sqlite:////abs/path.db (no host), got {url!r}")
+        text = rest[1:]
+    if "?" in text:
+        raise ValueError(f"a SQLite database URL takes no query string: {url!r}")
+    path = unquote(text)
+    if not path or path == ":memory:" or path.startswith("file:"):
+        raise ValueError(f"a SQLite database needs a file path, got {url!r}")
+    return str(Path(path).expanduser().resolve())
+
+
+def database_url(path: str) -> str:
+    """The ``sqlite:////abs/path`` URL of an absolute path (percent-escaped): :func:`database_path` reads it back."""
+    return "sqlite:///" + quote(path, safe="/")
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -149,10 +167,10 @@ class Database:
 
     # -- migrations ----------------------------------------------------------------------------------------------
 
-    def migrate(self) -> int:
-        """Apply missing migrations; return the schema version. Refuses a database newer than this library."""
-        known = migrations()
-        latest = known[-1][0] if known else 0
+    def migrate(self, *, up_to: int | None = None) -> int:
+        """Apply missing migrations (those up to version ``up_to``, if given); return the schema version. Refuses a
+        database newer than this library."""
+        known = [m for m in migrations("sqlite") if up_to is None or m.version <= up_to]
         with self.transaction("EXCLUSIVE") as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS celery_workflow_schema_version ("
@@ -160,11 +178,7 @@ class Database:
             )
             row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
             current = int(row[0])
-            if current > latest:
-                raise SchemaVersionError(
-                    f"{self.path} has schema version {current}, newer than the {latest} this celery_workflow knows;"
-                    " upgrade celery_workflow"
-                )
+            check_version(current, migrations("sqlite"), self.path)
             for version, name, sql in known:
                 if version <= current:
                     continue
@@ -174,4 +188,4 @@ class Database:
                     "INSERT INTO celery_workflow_schema_version (version, name, applied_at) VALUES (?, ?, ?)",
                     (version, name, int(time.time() * 1_000_000)),
                 )
-            return max(current, latest)
+            return max([current, *(m.version for m in known)])

@@ -26,35 +26,36 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from celery_workflow import events as rules
 from celery_workflow import ids
-from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name, normalise
-from celery_workflow.errors import (
-    ConfigurationError,
-    EntityExists,
-    EventConflict,
-    HookNotFound,
-    RunNotFound,
-    StepNotFound,
-)
+from celery_workflow._backend import template
+from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name
+from celery_workflow._backend.listing import RunFilter
+from celery_workflow._backend.template import AppendRequest, Loaded
+from celery_workflow._backend.waiting import wait_until
+from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
 from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
     AppendResult,
     BrokerSpec,
+    Capabilities,
     ClaimedDelivery,
     Delivery,
     NewRun,
     Page,
     StreamChunk,
     StreamPage,
+    Upkeep,
 )
 
 __all__ = ["MemoryWorld"]
+
+R = TypeVar("R")
 
 
 @dataclass(slots=True)
@@ -99,6 +100,8 @@ def _key_scope(run_id: str | None, queue: str, key: str | None) -> tuple[bool, s
 class MemoryWorld:
     """A complete World in process memory, thread-safe (one lock and one condition variable)."""
 
+    capabilities = Capabilities()
+
     def __init__(self, *, poll_interval: float = 0.05, clock: Callable[[], datetime] = ids.utcnow) -> None:
         self.poll_interval = poll_interval
         self._clock = clock
@@ -109,27 +112,30 @@ class MemoryWorld:
         self._receipts: dict[str, int] = {}  # current receipt -> delivery seq
         self._keys: dict[tuple[bool, str, str], int] = {}  # key scope -> pending delivery seq (see _key_scope)
         self._seq = itertools.count(1)
+        self._version = 0  # bumped by every change, under the lock: what waiters watch
+        self._append = _MemoryAppend(self)
 
     def _now(self) -> datetime:
         return ids.to_utc(self._clock())
 
-    # -- storage -----------------------------------------------------------------------------------------------------
+    def _changed(self) -> None:
+        """Wake every waiter (lock held)."""
+        self._version += 1
+        self._cond.notify_all()
+
+    def _wait(self, version: int, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._version != version, seconds)
 
     def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
-        check_deliveries(deliveries)
-        (created,) = normalise([NewEvent(rules.EventType.RUN_CREATED, None, run.event_data())])
+        view, event = template.prepare_run(run, deliveries, self._now())
         with self._cond:
             existing = self._runs.get(run.run_id)
             if existing is not None:
-                if existing.view.workflow_name != run.workflow_name:
-                    raise EntityExists(
-                        f"run {run.run_id} belongs to workflow {existing.view.workflow_name!r}, not {run.workflow_name!r}"
-                    )
-                return existing.view, False
-            view, event = rules.new_run(run.run_id, created.data, self._now())
+                return template.existing_run(existing.view, run)
             self._runs[run.run_id] = _Run(view, [event])
             self._insert(deliveries)
-            self._cond.notify_all()
+            self._changed()
             return view, True
 
     def append(
@@ -142,35 +148,10 @@ class MemoryWorld:
         ack: str | None = None,
         durable: bool = True,
     ) -> AppendResult:
-        check_deliveries(deliveries)
-        batch = normalise(events)
-        keys = rules.keys_of(batch)
-        with self._cond:
-            run = self._runs.get(run_id)
-            snapshot = rules.Snapshot(run.view if run is not None else None)
-            if run is not None:
-                snapshot.steps = {k: run.steps[k] for k in keys.steps if k in run.steps}
-                snapshot.hooks = {k: run.hooks[k] for k in keys.hooks if k in run.hooks}
-                snapshot.waits = {k: run.waits[k] for k in keys.waits if k in run.waits}
-                if keys.hooks:
-                    snapshot.created_hooks = {
-                        str(e.correlation_id)
-                        for e in run.events
-                        if e.event_type in (rules.EventType.HOOK_CREATED, rules.EventType.HOOK_CONFLICT)
-                        and e.correlation_id in keys.hooks
-                    }
-                for token in keys.tokens:
-                    owner = self._tokens.get(token)
-                    if owner is not None:
-                        snapshot.token_owners[token] = self._runs[owner[0]].hooks[owner[1]]
-            plan = rules.plan_append(snapshot, batch, now=self._now(), expected_count=expected_count)
-            assert run is not None  # plan_append raised RunNotFound otherwise
-            self._apply(run, plan)
-            self._insert(deliveries)
-            if ack is not None:
-                self._ack(ack)
-            self._cond.notify_all()
-            return AppendResult(list(plan.events), plan.run)
+        request = AppendRequest.build(
+            run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
+        )
+        return template.append(self._append, request)
 
     def _apply(self, run: _Run, plan: rules.Plan) -> None:
         run.events.extend(plan.events)
@@ -214,21 +195,11 @@ class MemoryWorld:
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[RunView]:
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
-        wanted = RunStatus(status) if status is not None else None
+        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
         with self._cond:
-            views = [r.view for r in self._runs.values()]
+            views = [r.view for r in self._runs.values() if wanted.matches(r.view)]
         views.sort(key=lambda v: v.run_id, reverse=True)
-        matched = [
-            v
-            for v in views
-            if (workflow is None or v.workflow_name == workflow)
-            and (wanted is None or v.status is wanted)
-            and (cursor is None or v.run_id < cursor)
-        ]
-        page = matched[:limit]
-        return Page(page, page[-1].run_id if len(matched) > limit else None)
+        return wanted.page(views[: limit + 1])
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
         with self._cond:
@@ -263,16 +234,14 @@ class MemoryWorld:
             return list(self._get(run_id).waits.values())
 
     def wait_for_terminal(self, run_id: str, timeout: float | None) -> RunView:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while True:
-                view = self._get(run_id).view
-                if view.status.terminal:
-                    return view
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return view
-                self._cond.wait(left)
+        return wait_until(
+            lambda: self.get_run(run_id),
+            lambda view: view.status.terminal,
+            timeout=timeout,
+            poll_interval=self.poll_interval,
+            mark=lambda: self._version,
+            wait=self._wait,
+        )
 
     # -- queue -------------------------------------------------------------------------------------------------------
 
@@ -297,7 +266,7 @@ class MemoryWorld:
         check_deliveries(deliveries)
         with self._cond:
             out = self._insert(deliveries)
-            self._cond.notify_all()
+            self._changed()
             return out
 
     def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
@@ -357,7 +326,7 @@ class MemoryWorld:
                 q.lease_until = None
                 if delay is not None:
                     q.due = self._now() + timedelta(seconds=delay)
-                self._cond.notify_all()
+                self._changed()
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
         """Set the lease of each still-held claim to ``lease`` seconds from now; stale receipts are skipped."""
@@ -398,35 +367,40 @@ class MemoryWorld:
             if stream.closed:
                 raise EventConflict(f"stream {name!r} of run {run_id} is closed")
             stream.chunks.extend(data)
-            self._cond.notify_all()
+            self._changed()
             return len(stream.chunks)
 
     def close_stream(self, run_id: str, name: str) -> None:
         check_stream_name(name)
         with self._cond:
             self._get(run_id).streams.setdefault(name, _Stream()).closed = True
-            self._cond.notify_all()
+            self._changed()
 
     def read_stream(
         self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
     ) -> StreamPage:
         if start < 0:
             raise ValueError("start must be >= 0")
-        deadline = time.monotonic() + max(wait, 0.0)
+        return wait_until(
+            lambda: self._read_stream(run_id, name, start, limit),
+            lambda page: bool(page.chunks or page.closed),
+            timeout=max(wait, 0.0),
+            poll_interval=self.poll_interval,
+            mark=lambda: self._version,
+            wait=self._wait,
+        )
+
+    def _read_stream(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
         with self._cond:
-            while True:
-                stream = self._get(run_id).streams.get(name)
-                chunks = stream.chunks[start:] if stream is not None else []
-                closed = stream is not None and stream.closed
-                left = deadline - time.monotonic()
-                if chunks or closed or left <= 0:
-                    break
-                self._cond.wait(left)
+            stream = self._get(run_id).streams.get(name)
+            chunks = stream.chunks[start:] if stream is not None else []
+            closed = stream is not None and stream.closed
+            total = len(stream.chunks) if stream is not None else 0
         if limit is not None:
             chunks = chunks[: max(limit, 0)]
         return StreamPage(
             [StreamChunk(start + i, c) for i, c in enumerate(chunks)],
-            closed and stream is not None and start + len(chunks) >= len(stream.chunks),
+            closed and start + len(chunks) >= total,
             start + len(chunks),
         )
 
@@ -439,6 +413,55 @@ class MemoryWorld:
     def broker(self) -> BrokerSpec:
         raise ConfigurationError("MemoryWorld lives in one process; Celery workers cannot consume it")
 
+    def start_upkeep(self) -> Upkeep | None:
+        return None
+
     def close(self) -> None:
         with self._cond:
-            self._cond.notify_all()
+            self._changed()
+
+
+class _MemoryAppend:
+    """The append template's steps (:mod:`celery_workflow._backend.template`) for one :class:`MemoryWorld`: the
+    whole append runs under the World's lock."""
+
+    def __init__(self, world: MemoryWorld) -> None:
+        self.world = world
+
+    def now(self) -> datetime:
+        return self.world._now()
+
+    def transaction(self, body: Callable[[None], R], request: AppendRequest) -> R:
+        with self.world._cond:
+            result = body(None)
+            self.world._changed()
+            return result
+
+    def load(self, tx: None, request: AppendRequest, *, fresh: bool) -> Loaded:
+        keys = request.keys
+        run = self.world._runs.get(request.run_id)
+        snapshot = rules.Snapshot(run.view if run is not None else None)
+        if run is not None:
+            snapshot.steps = {k: run.steps[k] for k in keys.steps if k in run.steps}
+            snapshot.hooks = {k: run.hooks[k] for k in keys.hooks if k in run.hooks}
+            snapshot.waits = {k: run.waits[k] for k in keys.waits if k in run.waits}
+            if keys.hooks:
+                snapshot.created_hooks = {
+                    str(e.correlation_id)
+                    for e in run.events
+                    if e.event_type in (rules.EventType.HOOK_CREATED, rules.EventType.HOOK_CONFLICT)
+                    and e.correlation_id in keys.hooks
+                }
+            for token in keys.tokens:
+                owner = self.world._tokens.get(token)
+                if owner is not None:
+                    snapshot.token_owners[token] = self.world._runs[owner[0]].hooks[owner[1]]
+        return Loaded(snapshot)
+
+    def write(self, tx: None, request: AppendRequest, plan: rules.Plan) -> None:
+        self.world._apply(self.world._runs[plan.run.run_id], plan)
+        self.world._insert(request.deliveries)
+        if request.ack is not None:
+            self.world._ack(request.ack)
+
+    # -- storage -----------------------------------------------------------------------------------------------------

@@ -48,13 +48,11 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from celery_workflow._sqlite.database import Database
+from celery_workflow._sqlite.database import Database, database_path
 from celery_workflow._sqlite.queue import SQLiteQueue
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
 
@@ -62,24 +60,6 @@ __all__ = ["Channel", "Transport", "database_path"]
 
 _lock = threading.Lock()
 _stores: dict[str, SQLiteQueue] = {}
-
-
-def database_path(url: str) -> str:
-    """The absolute database path of ``sqlite:////abs/path.db``, ``sqlite:///relative.db`` or a bare path."""
-    text = (url or "").strip()
-    if "://" in text:
-        scheme, rest = text.split("://", 1)
-        if scheme.lower() != "sqlite":
-            raise ValueError(f"the SQLite transport needs a sqlite:// URL, got {url!r}")
-        if not rest.startswith("/"):
-            raise ValueError(f"use sqlite:///relative.db or sqlite:////abs/path.db (no host), got {url!r}")
-        text = rest[1:]
-    if "?" in text:
-        raise ValueError(f"the SQLite transport takes no query string (use broker_transport_options): {url!r}")
-    path = unquote(text)
-    if not path or path == ":memory:" or path.startswith("file:"):
-        raise ValueError(f"the SQLite transport needs a database file path, got {url!r}")
-    return str(Path(path).expanduser().resolve())
 
 
 def shared_queue(path: str) -> SQLiteQueue:

@@ -100,7 +100,7 @@ def test_appends_after_a_whole_read_take_one_round_trip_each(pg_world: PostgresW
     assert len(round_trips) == 3
     assert [e.slot for e in pg_world.list_events(run_id)] == list(range(1, 10))
     assert pg_world.get_run(run_id).status is RunStatus.COMPLETED
-    assert len(pg_world._snapshots) == 0  # a terminal run is not kept
+    assert len(pg_world.snapshots) == 0  # a terminal run is not kept
 
 
 def test_without_a_whole_read_an_append_takes_two_round_trips(pg_world: PostgresWorld, round_trips: list[str]) -> None:

@@ -23,9 +23,9 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from celery_workflow import ids
-from celery_workflow._postgres import database as _pg
+from celery_workflow._backend.migrations import migrations
 from celery_workflow._postgres.retention import sweep_expired
-from celery_workflow._postgres.rows import COLUMNS, INDEXES, PRIMARY_KEYS
+from celery_workflow._postgres.rows import COLUMNS
 from celery_workflow.errors import (
     ConfigurationError,
     HookNotFound,
@@ -298,84 +298,6 @@ def test_newer_schema_version_is_refused(pg_url: str, pg_schema: str, pg_admin: 
         PostgresWorld(pool)
 
 
-def _catalog(admin: psycopg.Connection[Any], schema: str) -> tuple[set[str], dict[str, tuple[str, bool]]]:
-    tables = {r[0] for r in admin.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
-    indexes = {
-        r[0]: (r[1], bool(r[2]))
-        for r in admin.execute(
-            "SELECT i.relname, t.relname, x.indisunique FROM pg_index AS x JOIN pg_class AS i ON i.oid = x.indexrelid"
-            " JOIN pg_class AS t ON t.oid = x.indrelid JOIN pg_namespace AS n ON n.oid = t.relnamespace"
-            " WHERE n.nspname = %s",
-            (schema,),
-        )
-    }
-    return tables, indexes
-
-
-def test_migrations_produce_the_tables_columns_and_indexes_the_code_expects(
-    pg_world: PostgresWorld, pg_schema: str, pg_admin: Any
-) -> None:
-    versions = [
-        r[0]
-        for r in pg_admin.execute(f'SELECT version FROM "{pg_schema}".celery_workflow_schema_version ORDER BY version')
-    ]
-    assert versions == [v for v, _, _ in _pg.migrations()] and versions[0] == 1
-    for table, columns in COLUMNS.items():
-        found = pg_admin.execute(
-            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s"
-            " AND table_name = %s ORDER BY ordinal_position",
-            (pg_schema, table),
-        ).fetchall()
-        assert tuple(name for name, _ in found) == columns, table
-        for name, kind in found:
-            if name in ("input", "output", "error", "metadata", "respond_with", "data"):
-                assert kind == "bytea", (table, name)
-            if name.endswith("_at") or name in ("retry_after", "resume_at"):
-                assert kind == "timestamp with time zone", (table, name)
-        key = pg_admin.execute(
-            "SELECT a.attname FROM pg_index AS x JOIN unnest(x.indkey) WITH ORDINALITY AS k(attnum, n) ON true"
-            " JOIN pg_attribute AS a ON a.attrelid = x.indrelid AND a.attnum = k.attnum"
-            " WHERE x.indrelid = %s::regclass AND x.indisprimary ORDER BY k.n",
-            (f'"{pg_schema}".{table}',),
-        ).fetchall()
-        assert tuple(r[0] for r in key) == PRIMARY_KEYS[table], table
-    # every foreign key cascades, so deleting a run deletes everything it owns
-    actions = pg_admin.execute(
-        "SELECT DISTINCT c.confdeltype FROM pg_constraint AS c JOIN pg_namespace AS n ON n.oid = c.connamespace"
-        " WHERE n.nspname = %s AND c.contype = 'f'",
-        (pg_schema,),
-    ).fetchall()
-    assert actions == [("c",)]
-    # the World's own migration creates exactly its tables and indexes, nothing else
-    (world_sql,) = [sql for _, name, sql in _pg.migrations() if name == "0001_world.sql"]
-    alone = f"{pg_schema}_alone"
-    pg_admin.execute(f'CREATE SCHEMA "{alone}"')
-    try:
-        with pg_admin.transaction():
-            pg_admin.execute(f'SET LOCAL search_path = "{alone}"')
-            pg_admin.execute(world_sql.encode())
-        tables, indexes = _catalog(pg_admin, alone)
-    finally:
-        pg_admin.execute(f'DROP SCHEMA "{alone}" CASCADE')
-    assert tables == set(COLUMNS)
-    expected = {**{f"{t}_pkey": (t, True) for t in COLUMNS}, **{i: (t, False) for i, t in INDEXES.items()}}
-    for unique in ("celery_workflow_events_created", "celery_workflow_events_hook_created"):
-        expected[unique] = (expected[unique][0], True)
-    assert indexes == expected
-    # listings can use their indexes
-    with pg_admin.transaction():
-        pg_admin.execute(f'SET LOCAL search_path = "{pg_schema}"')
-        pg_admin.execute("SET LOCAL enable_seqscan = off")
-        plan = " ".join(
-            str(r[0])
-            for r in pg_admin.execute(
-                "EXPLAIN SELECT run_id FROM celery_workflow_runs WHERE workflow_name = 'wf' ORDER BY run_id DESC"
-            )
-        )
-    assert "celery_workflow_runs_workflow" in plan
-    assert pg_world.db.migrate() == versions[-1]  # idempotent
-
-
 def test_worlds_opening_together_migrate_once(pg_url: str, pg_schema: str, pg_admin: Any) -> None:
     results: list[object] = [None] * 4
     barrier = threading.Barrier(4)
@@ -394,7 +316,7 @@ def test_worlds_opening_together_migrate_once(pg_url: str, pg_schema: str, pg_ad
         t.join(DEADLINE)
     assert results == [None] * 4
     rows = pg_admin.execute(f'SELECT version FROM "{pg_schema}".celery_workflow_schema_version').fetchall()
-    assert sorted(r[0] for r in rows) == [v for v, _, _ in _pg.migrations()]
+    assert sorted(r[0] for r in rows) == [m.version for m in migrations("postgres")]
 
 
 # -- pools, configuration, wiring ----------------------------------------------------------------------------------

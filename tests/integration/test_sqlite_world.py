@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from celery_workflow import ids
-from celery_workflow._sqlite import database as _sqlite
 from celery_workflow.errors import ConfigurationError, SchemaVersionError, WorldError
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance
@@ -144,54 +143,6 @@ def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(SchemaVersionError):
         SQLiteWorld(path)
-
-
-def test_migrations_produce_the_tables_columns_and_indexes_the_code_expects(tmp_path: Path) -> None:
-    world = SQLiteWorld(tmp_path / "w.db")
-    conn = world.db.connection()
-    versions = [r[0] for r in conn.execute("SELECT version FROM celery_workflow_schema_version ORDER BY version")]
-    assert versions == [v for v, _, _ in _sqlite.migrations()] and versions[0] == 1
-    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert set(COLUMNS) <= tables
-    # the World's own migration creates exactly its tables and indexes, nothing else
-    (world_sql,) = [sql for _, name, sql in _sqlite.migrations() if name == "0001_world.sql"]
-    alone = sqlite3.connect(":memory:")
-    alone.executescript(world_sql)
-    created = {(r[0], r[1]) for r in alone.execute("SELECT type, name FROM sqlite_master WHERE sql IS NOT NULL")}
-    assert {name for kind, name in created if kind == "table"} == set(COLUMNS)
-    assert {name for kind, name in created if kind == "index"} == {
-        "celery_workflow_runs_workflow",
-        "celery_workflow_runs_status",
-        "celery_workflow_events_correlation",
-        "celery_workflow_hook_tokens_hook",
-    }
-    alone.close()
-    for table, columns in COLUMNS.items():
-        assert tuple(r[1] for r in conn.execute(f"PRAGMA table_info({table})")) == columns, table
-    keys = {
-        table: [r[1] for r in sorted(conn.execute(f"PRAGMA table_info({table})"), key=lambda r: r[5]) if r[5]]
-        for table in COLUMNS
-    }
-    assert keys == {
-        "celery_workflow_runs": ["run_id"],
-        "celery_workflow_events": ["run_id", "slot"],
-        "celery_workflow_steps": ["run_id", "step_id"],
-        "celery_workflow_hooks": ["run_id", "hook_id"],
-        "celery_workflow_hook_tokens": ["token"],
-        "celery_workflow_waits": ["run_id", "wait_id"],
-        "celery_workflow_streams": ["run_id", "name"],
-        "celery_workflow_stream_chunks": ["run_id", "name", "idx"],
-    }
-    # listings use their indexes rather than scanning the runs
-    plan = " ".join(
-        str(r[3])
-        for r in conn.execute(
-            "EXPLAIN QUERY PLAN SELECT run_id FROM celery_workflow_runs WHERE workflow_name = ? ORDER BY run_id DESC",
-            ("wf",),
-        )
-    )
-    assert "celery_workflow_runs_workflow" in plan
-    assert world.db.migrate() == versions[-1]  # idempotent
 
 
 def test_deleting_a_run_cascades_to_everything_it_owns(tmp_path: Path) -> None:

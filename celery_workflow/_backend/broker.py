@@ -1,0 +1,63 @@
+"""What the SQL queue stores share (SQLite and Postgres): receipts, bindings and the rows :meth:`peek` shows.
+
+* A receipt (``"<row id>.<attempts>"``) names exactly one claim of a queue row: row ids are never reused and every
+  claim increments ``attempts``, so an ack, release or extension with a stale receipt matches no row.
+* :class:`Binding` is one stored binding of a queue to an exchange (the broker state Kombu keeps in memory, kept in
+  the database here so every process routes alike).
+* :class:`QueuedMessage` is a stored message as a store's ``peek`` shows it: what tests, the CLI and operators look
+  at instead of querying the tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from celery_workflow.errors import WorldError
+from celery_workflow.world import ClaimedDelivery
+
+__all__ = ["Binding", "QueuedMessage", "claimed", "format_receipt", "parse_receipt"]
+
+
+class Binding(NamedTuple):
+    """A binding of ``queue`` to ``exchange``; ``pattern`` is the regex of a topic binding, else None."""
+
+    exchange: str
+    routing_key: str
+    pattern: str | None
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """A stored message. Times are epoch seconds on the store's clock; ``leased_until`` is None unless a claim
+    holds the message (a lease that ran out still shows until the next claim, release or ack)."""
+
+    id: int
+    queue: str
+    run_id: str | None
+    attempts: int
+    due: float
+    leased_until: float | None
+    idempotency_key: str | None
+    expires_at: float | None
+    size: int
+
+
+def format_receipt(row_id: int, attempts: int) -> str:
+    """The receipt of one claim."""
+    return f"{row_id}.{attempts}"
+
+
+def parse_receipt(receipt: str) -> tuple[int, int]:
+    """``(row_id, attempts)`` of a receipt; WorldError when it is not one."""
+    try:
+        row_id, attempts = receipt.split(".")
+        return int(row_id), int(attempts)
+    except (AttributeError, ValueError) as exc:
+        raise WorldError(f"malformed queue receipt {receipt!r}") from exc
+
+
+def claimed(row_id: int, queue: str, payload: bytes, attempts: int, run_id: str | None) -> ClaimedDelivery:
+    """The claim of a row just leased (``attempts`` already counts this claim)."""
+    return ClaimedDelivery(format_receipt(row_id, attempts), queue, bytes(payload), attempts, run_id)

@@ -1,0 +1,183 @@
+"""The one sequence every World follows to write: the append template (and its sibling for ``create_run``).
+
+:meth:`World.append <celery_workflow.world.World.append>` is the same everywhere::
+
+    request = AppendRequest.build(...)          # check the deliveries, normalise the events, find their keys
+    with <one atomic unit of the backend>:      # a transaction, a lock, a conditional DynamoDB transaction
+        loaded = load(request)                  # the run and the rows the keys name (Snapshot), under the run's lock
+        plan = events.plan_append(...)          # the rules: one source for every World
+        write(request, plan)                    # events, views, hooks, tokens, deliveries and the ack, atomically
+    return AppendResult(plan.events, plan.run)
+
+:func:`append` runs that sequence; a World provides only the three backend-specific parts (:class:`AppendSteps`):
+``transaction`` (run a body atomically, retrying what its backend retries), ``load`` and ``write``. Two refinements
+cover every backend we have:
+
+* **Optimistic snapshots.** ``load`` may answer from a snapshot it did not read under a lock (a kept copy of the
+  run's state, or a plain read of a store without locks, like DynamoDB) and say so (``Loaded.guess``). Its ``write``
+  must then be refused by the store when the snapshot was stale (a primary key on the event slot, a condition on
+  the event count) and raise :class:`StaleSnapshot`; the template then plans again on fresh reads. A rule that
+  refuses a batch planned on a guess, or a plan that writes no event (nothing would refuse it), also leads to fresh
+  reads: only a fresh snapshot may reject a batch.
+* **Lost answers.** ``load`` may find that an earlier attempt of this very request already committed (a retry after
+  a connection lost at commit; ``request.write_id`` tags what a request writes) and return those events
+  (``Loaded.written``): the request is answered without applying the batch twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+from celery_workflow import events as rules
+from celery_workflow._backend.checks import check_deliveries, normalise
+from celery_workflow.errors import CeleryWorkflowError, EntityExists
+from celery_workflow.events import Event, EventType, NewEvent, RunView
+from celery_workflow.world import AppendResult, Delivery, NewRun
+
+__all__ = [
+    "AppendRequest",
+    "AppendSteps",
+    "Loaded",
+    "StaleSnapshot",
+    "append",
+    "existing_run",
+    "prepare_run",
+]
+
+Tx = TypeVar("Tx")
+Tx_contra = TypeVar("Tx_contra", contravariant=True)
+R = TypeVar("R")
+
+
+class StaleSnapshot(Exception):
+    """Raised by :meth:`AppendSteps.write` when the store refused a plan made on a stale snapshot (nothing was
+    written); the template plans the batch again on fresh reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    """One call of ``append``, checked and normalised before anything is read."""
+
+    run_id: str
+    batch: list[NewEvent]
+    keys: rules.Keys
+    expected_count: int | None = None
+    deliveries: Sequence[Delivery] = ()
+    ack: str | None = None
+    durable: bool = True
+    #: Tags what this request writes, so a retry can recognise its own committed write.
+    write_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def build(
+        cls,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_count: int | None = None,
+        deliveries: Sequence[Delivery] = (),
+        ack: str | None = None,
+        durable: bool = True,
+    ) -> AppendRequest:
+        """Check the deliveries and normalise the events (EventInvalid, ValueError, TypeError before any read)."""
+        check_deliveries(deliveries)
+        batch = normalise(events)
+        return cls(run_id, batch, rules.keys_of(batch), expected_count, tuple(deliveries), ack, durable)
+
+    @property
+    def ends_run(self) -> bool:
+        """Whether the batch may end its run (a World may need to lock or release every token of the run)."""
+        return any(e.event_type in RUN_ENDING for e in self.batch)
+
+    @property
+    def disposed_hooks(self) -> list[str]:
+        """The hooks the batch disposes (their tokens are released)."""
+        return sorted({str(e.correlation_id) for e in self.batch if e.event_type is EventType.HOOK_DISPOSED})
+
+
+#: Events after which a run may end.
+RUN_ENDING = frozenset({EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What ``load`` found: the snapshot to plan on, whether it is a guess, and events an earlier attempt of this
+    request committed (then nothing is planned)."""
+
+    snapshot: rules.Snapshot
+    guess: bool = False
+    written: list[Event] | None = None
+
+
+class AppendSteps(Protocol, Generic[Tx]):
+    """The backend-specific parts of an append."""
+
+    def transaction(self, body: Callable[[Tx], R], request: AppendRequest) -> R:
+        """Run ``body`` in one atomic unit of the store (retrying what the store retries) and return its result."""
+        ...
+
+    def load(self, tx: Tx, request: AppendRequest, *, fresh: bool) -> Loaded:
+        """The snapshot the rules need: the run and the rows ``request.keys`` names, read under the run's lock
+        (or a guess, see :class:`Loaded`). ``fresh``: a guess proved wrong, read the store."""
+        ...
+
+    def write(self, tx: Tx, request: AppendRequest, plan: rules.Plan) -> None:
+        """Store the plan, ``request.deliveries`` and the ack of ``request.ack`` atomically with the load (raise
+        :class:`StaleSnapshot` if the store refuses a plan made on a guess)."""
+        ...
+
+    def now(self) -> datetime:
+        """The time the batch's events carry."""
+        ...
+
+
+def append(world: AppendSteps[Any], request: AppendRequest) -> AppendResult:
+    """Apply ``request`` through ``world``'s steps (see the module docstring)."""
+
+    def attempt(fresh: bool) -> AppendResult:
+        def body(tx: Any) -> AppendResult:
+            loaded = world.load(tx, request, fresh=fresh)
+            run = loaded.snapshot.run
+            if loaded.written is not None and run is not None:
+                return AppendResult(loaded.written, run)
+            try:
+                plan = rules.plan_append(
+                    loaded.snapshot, request.batch, now=world.now(), expected_count=request.expected_count
+                )
+            except CeleryWorkflowError:
+                if loaded.guess:
+                    raise StaleSnapshot() from None  # maybe only the guess is wrong: fresh reads decide
+                raise
+            if loaded.guess and not plan.events:
+                raise StaleSnapshot()
+            world.write(tx, request, plan)
+            return AppendResult(plan.events, plan.run)
+
+        return world.transaction(body, request)
+
+    try:
+        return attempt(fresh=False)
+    except StaleSnapshot:
+        return attempt(fresh=True)
+
+
+def prepare_run(run: NewRun, deliveries: Sequence[Delivery], now: datetime) -> tuple[RunView, Event]:
+    """The checks of ``create_run`` before any read: the deliveries, the ``run_created`` event (normalised like any
+    event) and the run id; returns the new run's view and its slot-1 event."""
+    check_deliveries(deliveries)
+    (created,) = normalise([NewEvent(EventType.RUN_CREATED, None, run.event_data())])
+    return rules.new_run(run.run_id, created.data, now)
+
+
+def existing_run(existing: RunView, run: NewRun) -> tuple[RunView, bool]:
+    """What ``create_run`` answers when the run already exists: ``(existing, False)``, or EntityExists when the
+    run id belongs to another workflow."""
+    if existing.workflow_name != run.workflow_name:
+        raise EntityExists(
+            f"run {run.run_id} belongs to workflow {existing.workflow_name!r}, not {run.workflow_name!r}"
+        )
+    return existing, False

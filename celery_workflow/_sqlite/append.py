@@ -1,0 +1,134 @@
+"""How the SQLite World writes a batch (not part of the public API): the template's reads and write.
+
+The :func:`celery_workflow._backend.template.append` template runs :meth:`SQLiteAppend.load` and
+:meth:`SQLiteAppend.write` inside one ``BEGIN IMMEDIATE`` transaction: the write lock taken at ``BEGIN`` serialises
+the writers of every process, so what ``load`` reads is what ``write`` writes over.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, TypeVar
+
+from celery_workflow import events as rules
+from celery_workflow import ids
+from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
+from celery_workflow._backend.template import AppendRequest, Loaded
+from celery_workflow._sqlite.rows import (
+    CODEC,
+    COLUMNS,
+    EVENT,
+    HOOK_BY_TOKEN,
+    RUN,
+    chunked,
+    insert,
+    marks,
+    update,
+)
+from celery_workflow.events import Event, EventType, RunView
+
+if TYPE_CHECKING:
+    from celery_workflow._sqlite.world import SQLiteWorld
+
+__all__ = ["SQLiteAppend", "insert_events", "load_run"]
+
+R = TypeVar("R")
+
+
+def load_run(conn: sqlite3.Connection, run_id: str) -> RunView | None:
+    row = conn.execute(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else CODEC.run(row)
+
+
+def insert_events(conn: sqlite3.Connection, new: Sequence[Event]) -> None:
+    conn.executemany(
+        f"INSERT INTO celery_workflow_events ({EVENT}) VALUES ({marks(6)})", [CODEC.event_record(e) for e in new]
+    )
+
+
+class SQLiteAppend:
+    """The backend-specific parts of the append template for one :class:`SQLiteWorld`."""
+
+    def __init__(self, world: SQLiteWorld) -> None:
+        self.world = world
+
+    def now(self) -> datetime:
+        return ids.utcnow()
+
+    def transaction(self, body: Callable[[sqlite3.Connection], R], request: AppendRequest) -> R:
+        # WAL with synchronous=NORMAL never waits for fsync at commit: request.durable has nothing to relax
+        with self.world.transaction() as conn:
+            return body(conn)
+
+    def load(self, conn: sqlite3.Connection, request: AppendRequest, *, fresh: bool) -> Loaded:
+        run_id, keys = request.run_id, request.keys
+        snapshot = rules.Snapshot(load_run(conn, run_id))
+        if snapshot.run is None:
+            return Loaded(snapshot)
+        for table, wanted in (("steps", keys.steps), ("hooks", keys.hooks), ("waits", keys.waits)):
+            columns = ", ".join(COLUMNS[f"celery_workflow_{table}"])
+            for part in chunked(wanted):
+                sql = (
+                    f"SELECT {columns} FROM celery_workflow_{table} WHERE run_id = ?"
+                    f" AND {KEYS[table]} IN ({marks(len(part))})"
+                )
+                add_views(snapshot, table, (CODEC.view(table, row) for row in conn.execute(sql, (run_id, *part))))
+        for part in chunked(keys.hooks):
+            for (hook_id,) in conn.execute(
+                "SELECT correlation_id FROM celery_workflow_events WHERE run_id = ?"
+                f" AND event_type IN ('hook_created', 'hook_conflict') AND correlation_id IN ({marks(len(part))})",
+                (run_id, *part),
+            ):
+                snapshot.created_hooks.add(hook_id)
+        for part in chunked(keys.tokens):
+            for row in conn.execute(HOOK_BY_TOKEN.format(f"IN ({marks(len(part))})"), part):
+                hook = CODEC.hook(row)
+                snapshot.token_owners[hook.token] = hook
+        return Loaded(snapshot)
+
+    def write(self, conn: sqlite3.Connection, request: AppendRequest, plan: rules.Plan) -> None:
+        write_plan(conn, plan)
+        store = self.world.store
+        store.insert(conn, request.deliveries)
+        if request.ack is not None:
+            store.delete_claim(conn, request.ack)
+
+
+def write_plan(conn: sqlite3.Connection, plan: rules.Plan) -> None:
+    """The writes of ``plan``: events, views, hook and token rows, and the run-end cleanup."""
+    if not plan.events:
+        return  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
+    run = plan.run
+    created = created_slots(plan.events)
+    insert_events(conn, plan.events)
+    update(conn, "celery_workflow_runs", CODEC.record("runs", run), MUTABLE["runs"], ("run_id",))
+    for table, items, kind in (
+        ("steps", plan.steps, EventType.STEP_CREATED),
+        ("waits", plan.waits, EventType.WAIT_CREATED),
+    ):
+        key = KEYS[table]
+        for item in items.values():
+            slot = created.get((kind, getattr(item, key)))
+            row = CODEC.record(table, item, created_slot=slot)
+            if slot is None:
+                update(conn, f"celery_workflow_{table}", row, MUTABLE[table], ("run_id", key))
+            else:
+                insert(conn, f"celery_workflow_{table}", row)
+    # Deleting a hook releases its token: hook_tokens references hooks ON DELETE CASCADE (foreign_keys is on).
+    for hook_id, hook in plan.hooks_deleted.items():
+        conn.execute("DELETE FROM celery_workflow_hooks WHERE run_id = ? AND hook_id = ?", (hook.run_id, hook_id))
+    for hook_id, hook in plan.hooks_inserted.items():
+        insert(
+            conn,
+            "celery_workflow_hooks",
+            CODEC.record("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)]),
+        )
+        conn.execute(
+            "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at) VALUES (?, ?, ?, ?)",
+            (hook.token, hook.run_id, hook_id, CODEC.store_time(hook.created_at)),
+        )
+    if plan.run_ended:
+        conn.execute("DELETE FROM celery_workflow_hooks WHERE run_id = ?", (run.run_id,))
+        conn.execute("DELETE FROM celery_workflow_waits WHERE run_id = ?", (run.run_id,))
