@@ -16,6 +16,7 @@ This module does no I/O of its own: every read and write goes through the :class
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,12 @@ from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowM
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
 from celery_workflow.world import Delivery
+
+
+def _brief(value: Any, limit: int = 200) -> str:
+    """A JSON value for a divergence message, cut at ``limit`` characters (messages are stored in the log)."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Suspend(BaseException):
@@ -279,7 +286,8 @@ class Replay:
                 raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not the creation of step {sdef.name}")
             if ev.data.get("input") != data_input:
                 raise _Diverged(
-                    f"step {cid!r} is called with other arguments than the event log records (slot {ev.slot});"
+                    f"step {cid!r} is called with other arguments than the event log records (slot {ev.slot}):"
+                    f" the log has {_brief(ev.data.get('input'))}, the code now passes {_brief(data_input)};"
                     " pass values from now()/random()/uuid4() or step results instead of nondeterministic ones"
                 )
         return StepFuture(self, cid, sdef.signature.returns)
