@@ -1,6 +1,7 @@
 """The Celery binding: :class:`Workflows`, the ``@wf.workflow`` / ``@wf.step`` decorators and their Celery tasks.
 
-This is the only module that knows Celery's task API. Each workflow gets a task named ``workflow.<name>`` and each
+This is the only module that knows Celery's task API: it registers the tasks, builds their messages
+(:func:`build_message`, with Celery's own protocol-2 builder) and reads the transport's claim back from a request. Each workflow gets a task named ``workflow.<name>`` and each
 step ``step.<name>`` (what Flower shows); a delivery message carries the run id (and step id) as task arguments,
 and the delivery id as the task id. Tasks are ``acks_late`` with ``reject_on_worker_lost`` and prefetch 1, and do
 not ack on failure: an infrastructure error (the World unreachable, say) leaves the delivery to be retried with
@@ -9,22 +10,26 @@ backoff by the transport. Step retries and failures are recorded in the World, n
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from celery_workflow import envelope
+from kombu import serialization
+
 from celery_workflow.client import Run
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.events import HookView, RunStatus
-from celery_workflow.ids import new_delivery_id
+from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
-from celery_workflow.world import DEFAULT_QUEUE, Delivery, World, open_world
+from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, Upkeep, World, open_world
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,7 +57,7 @@ class CeleryDispatcher:
     def workflow_delivery(
         self, run_id: str, workflow_name: str, queue: str, *, not_before: datetime | None, idempotency_key: str
     ) -> Delivery:
-        payload = envelope.build(
+        payload = build_message(
             self.celery_app,
             workflow_task_name(workflow_name),
             [run_id],
@@ -66,7 +71,7 @@ class CeleryDispatcher:
     def step_delivery(
         self, run_id: str, workflow_name: str, step_name: str, step_id: str, queue: str, *, not_before: datetime | None
     ) -> Delivery:
-        payload = envelope.build(
+        payload = build_message(
             self.celery_app,
             step_task_name(step_name),
             [run_id, step_id],
@@ -173,7 +178,7 @@ class Workflows:
             self.route(name, queue)
         if configure_broker:
             self._configure_celery(transport_options or {})
-        self._background: Any = None
+        self._background: Upkeep | None = None
         self._connect_worker_signals()
 
     # -- configuration ---------------------------------------------------------------------------------------------
@@ -195,15 +200,14 @@ class Workflows:
         conf.broker_connection_retry_on_startup = True
 
     def _connect_worker_signals(self) -> None:
-        """In a worker's main process, run the World's upkeep (e.g. Postgres retention sweeps) while it lives."""
+        """In a worker's main process, run the World's upkeep (:meth:`World.start_upkeep`, e.g. Postgres retention
+        sweeps) while it lives."""
         from celery import signals
 
         def ready(sender: Any = None, **_: Any) -> None:
             if getattr(sender, "app", None) is not self.celery_app:
                 return
-            start = getattr(self.world, "start_retention", None)
-            if callable(start):
-                self._background = start()
+            self._background = self.world.start_upkeep()
 
         def shutdown(sender: Any = None, **_: Any) -> None:
             background, self._background = self._background, None
@@ -304,8 +308,7 @@ class Workflows:
         runtime = self.runtime
 
         def run_workflow(task: Any, run_id: str) -> str:
-            attempt, receipt = _claim(task)
-            return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), attempt=attempt, receipt=receipt)
+            return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), claim=_claim(task))
 
         run_workflow.__name__ = run_workflow.__qualname__ = f"workflow_{wdef.name}"
         self.celery_app.task(name=workflow_task_name(wdef.name), **self._task_options())(run_workflow)
@@ -314,10 +317,7 @@ class Workflows:
         runtime = self.runtime
 
         def run_step(task: Any, run_id: str, step_id: str) -> str:
-            attempt, receipt = _claim(task)
-            return runtime.handle_step(
-                run_id, step_id, delivery_id=str(task.request.id), attempt=attempt, receipt=receipt
-            )
+            return runtime.handle_step(run_id, step_id, delivery_id=str(task.request.id), claim=_claim(task))
 
         run_step.__name__ = run_step.__qualname__ = f"step_{sdef.name}"
         self.celery_app.task(name=step_task_name(sdef.name), **self._task_options())(run_step)
@@ -361,16 +361,61 @@ class Workflows:
         self.world.close()
 
 
-def _claim(task: Any) -> tuple[int, str | None]:
-    """How many times this delivery was received, and the transport's receipt of this claim (if it is ours).
+def _claim(task: Any) -> Claim | None:
+    """The transport's claim of the delivery a task is handling (None when it did not come from our transports).
 
-    Our transports put both in ``delivery_info``; Celery keeps that in the request's message properties.
+    Our transports put it in ``delivery_info``; Celery keeps that in the request's message properties (it rebuilds
+    ``request.delivery_info`` itself).
     """
     properties = getattr(task.request, "properties", None) or {}
-    info = properties.get("delivery_info") or {}
-    receipt = info.get("cw_receipt")
-    try:
-        attempt = max(1, int(info.get("cw_attempts", 1)))
-    except (TypeError, ValueError):
-        attempt = 1
-    return attempt, str(receipt) if receipt else None
+    return Claim.from_delivery_info(properties.get("delivery_info"))
+
+
+def build_message(
+    celery_app: Any,
+    task_name: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    queue: str,
+    task_id: str,
+    not_before: datetime | None = None,
+) -> bytes:
+    """The UTF-8 JSON of the virtual-transport message that runs ``task_name(*args, **kwargs)`` on ``queue``.
+
+    The World inserts deliveries into its queue itself (in the same transaction as the events), so the message must
+    be exactly what a Kombu virtual transport would have stored had Celery published it: ``{"body" (base64 of the
+    JSON ``[args, kwargs, embed]``), "content-type", "content-encoding", "headers" (protocol 2), "properties"}``,
+    built with Celery's own protocol-2 builder. ``not_before`` goes in the properties, where our transports read
+    the due time.
+    """
+    msg = celery_app.amqp.as_task_v2(
+        task_id,
+        task_name,
+        list(args),
+        dict(kwargs),
+        ignore_result=True,
+        origin="celery_workflow",
+        root_id=task_id,
+    )
+    content_type, content_encoding, body = serialization.dumps(msg.body, serializer="json")  # type: ignore[no-untyped-call]
+    if isinstance(body, str):
+        body = body.encode(content_encoding or "utf-8")
+    properties: dict[str, Any] = {
+        **msg.properties,
+        "delivery_mode": 2,
+        "priority": 0,
+        "body_encoding": "base64",
+        "delivery_tag": str(uuid.uuid4()),
+        "delivery_info": {"exchange": "", "routing_key": queue},
+    }
+    if not_before is not None:
+        properties["not_before"] = isoformat(not_before)
+    message = {
+        "body": base64.b64encode(body).decode(),
+        "content-encoding": content_encoding,
+        "content-type": content_type,
+        "headers": msg.headers,
+        "properties": properties,
+    }
+    return json.dumps(message, default=str).encode()

@@ -37,7 +37,7 @@ from celery_workflow.runtime import steps
 from celery_workflow.runtime.context import WebhookRequest
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import Outcome, Replay, Restart
-from celery_workflow.world import DEFAULT_QUEUE, Delivery, NewRun, World
+from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 
 log = logging.getLogger("celery_workflow")
 
@@ -145,12 +145,15 @@ class Runtime:
 
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
-    def handle_workflow(self, run_id: str, *, delivery_id: str, attempt: int = 1, receipt: str | None = None) -> str:
+    def handle_workflow(self, run_id: str, *, delivery_id: str, claim: Claim | None = None) -> str:
         """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests).
 
-        ``receipt`` (the transport's claim of this delivery) lets the last write delete the delivery in the same
-        transaction; the writes before it are not made durable one by one (see ``World.append(durable=...)``).
+        ``claim`` (the transport's claim of this delivery, None when it did not come from one of our transports)
+        says how many times the delivery was received, and its receipt lets the last write delete the delivery in
+        the same transaction; the writes before it are not made durable one by one (``World.append(durable=...)``).
         """
+        attempt = claim.attempts if claim is not None else 1
+        receipt = claim.receipt if claim is not None else None
         started = time.monotonic()
         for _ in range(MAX_RESTARTS):
             try:
@@ -207,10 +210,11 @@ class Runtime:
 
     # -- step deliveries -------------------------------------------------------------------------------------------
 
-    def handle_step(
-        self, run_id: str, step_id: str, *, delivery_id: str, attempt: int = 1, receipt: str | None = None
-    ) -> str:
-        """Run one attempt of a queued step, record its outcome, and wake the workflow (or schedule the retry)."""
+    def handle_step(self, run_id: str, step_id: str, *, delivery_id: str, claim: Claim | None = None) -> str:
+        """Run one attempt of a queued step, record its outcome, and wake the workflow (or schedule the retry).
+
+        ``claim``: as for :meth:`handle_workflow` (its receipt acks the delivery with the step's outcome)."""
+        receipt = claim.receipt if claim is not None else None
         try:
             run = self.world.get_run(run_id)
             step = self.world.get_step(run_id, step_id)

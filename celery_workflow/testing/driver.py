@@ -24,7 +24,7 @@ from celery_workflow.app import Workflows
 from celery_workflow.client import Run
 from celery_workflow.errors import ResultTimeout
 from celery_workflow.events import RunView
-from celery_workflow.world import ClaimedDelivery
+from celery_workflow.world import Claim, ClaimedDelivery
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +76,11 @@ class LocalWorker:
         try:
             if task.name.startswith("workflow."):
                 outcome = runtime.handle_workflow(
-                    task.args[0], delivery_id=task.id, attempt=claimed.attempts, receipt=claimed.receipt
+                    task.args[0], delivery_id=task.id, claim=Claim(claimed.receipt, claimed.attempts)
                 )
             elif task.name.startswith("step."):
                 outcome = runtime.handle_step(
-                    task.args[0], task.args[1], delivery_id=task.id, attempt=claimed.attempts, receipt=claimed.receipt
+                    task.args[0], task.args[1], delivery_id=task.id, claim=Claim(claimed.receipt, claimed.attempts)
                 )
             else:
                 raise LookupError(f"LocalWorker cannot run task {task.name!r}")

@@ -13,7 +13,7 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
   blocks the consuming thread, not the keeper). ack deletes the row; ``reject(requeue=True)`` and ``_restore`` (shutdown, channel close)
   release the lease (no copy is ever re-published); ``reject(requeue=False)`` keeps the row and makes it due again
   after :func:`backoff` (1 s, 2 s, 4 s … 300 s by attempts). Delivery tags are the store's per-claim receipts (unique
-  per receive) and ``delivery_info`` carries ``cw_receipt`` and ``cw_attempts``.
+  per receive) and ``delivery_info`` carries the :class:`~celery_workflow.world.Claim` (receipt and attempts).
 * **no_ack consumers** (pidbox, event receivers) delete rows as they receive them.
 * **Routing state in the store.** Exchanges, bindings and queue declarations are persisted; ``get_table`` reads
   bindings of every exchange type from the store (pidbox replies use a direct exchange declared only by the client),
@@ -56,6 +56,7 @@ from kombu.transport.virtual import exchange as _exchange
 
 from celery_workflow.errors import WorldError
 from celery_workflow.transport.store import BindingRow, BrokerStore, backoff, decode_claims, dumps, message_due
+from celery_workflow.world import Claim
 
 # the storage protocol and the message helpers live in .store; importable from here too
 __all__ = [
@@ -138,40 +139,38 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             self.qos.append(message, message.delivery_tag)
         return message
 
-    def _receipt(self, delivery_tag: Any) -> tuple[str, int] | None:
+    def _claim(self, delivery_tag: Any) -> Claim | None:
         try:
-            info = self.qos.get(delivery_tag).delivery_info or {}
+            return Claim.from_delivery_info(self.qos.get(delivery_tag).delivery_info)
         except KeyError:
             return None
-        receipt = info.get("cw_receipt")
-        return (str(receipt), int(info.get("cw_attempts") or 1)) if receipt else None
 
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
         """Delete the message (stale receipts change nothing), then forget it."""
-        held = self._receipt(delivery_tag)
+        held = self._claim(delivery_tag)
         try:
             if held is not None:
-                self.store.ack(held[0])
+                self.store.ack(held.receipt)
         finally:
             super().basic_ack(delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         """requeue: release the lease (due at once); otherwise keep the row and back off (1 s, 2 s … 300 s)."""
-        held = self._receipt(delivery_tag)
+        held = self._claim(delivery_tag)
         try:
             if held is not None:
                 if requeue:
-                    self.store.release(held[0])
+                    self.store.release(held.receipt)
                 else:
-                    self.store.retry_later(held[0], backoff(held[1]))
+                    self.store.retry_later(held.receipt, backoff(held.attempts))
         finally:
             super().basic_reject(delivery_tag, requeue=False)
 
     def _restore(self, message: Any) -> None:
         """Give an unacked message back by releasing its lease (never by publishing a copy)."""
-        receipt = (message.delivery_info or {}).get("cw_receipt")
-        if receipt:
-            self.store.release(str(receipt))
+        claim = Claim.from_delivery_info(message.delivery_info)
+        if claim is not None:
+            self.store.release(claim.receipt)
         else:  # not received from the store: fall back to re-publishing
             super()._restore(message)
 
@@ -183,9 +182,9 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         dirty = set(qos._dirty)
         out = []
         for tag, message in list(qos._delivered.items()):
-            receipt = (message.delivery_info or {}).get("cw_receipt") if tag not in dirty else None
-            if receipt:
-                out.append(str(receipt))
+            claim = Claim.from_delivery_info(message.delivery_info) if tag not in dirty else None
+            if claim is not None:
+                out.append(claim.receipt)
         return out
 
     # -- consumers -----------------------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from kombu.utils import json as _json
 
-from celery_workflow.world import ClaimedDelivery
+from celery_workflow.world import Claim, ClaimedDelivery
 
 __all__ = ["BindingRow", "BrokerStore", "backoff", "decode_claims", "dumps", "message_due"]
 
-logger = logging.getLogger("celery_workflow.transport.base")
+logger = logging.getLogger(__name__)
 
 # Kombu's JSON (datetimes and UUIDs round-trip), used as Any: Kombu is only partly typed.
 _dumps: Any = _json.dumps
@@ -87,7 +87,7 @@ def decode_claims(
             info = props["delivery_info"] = {}
         info.setdefault("exchange", "")
         info.setdefault("routing_key", claim.queue)
-        info.update(redelivered=claim.attempts > 1, cw_receipt=claim.receipt, cw_attempts=claim.attempts)
+        info.update(redelivered=claim.attempts > 1, **Claim(claim.receipt, claim.attempts).delivery_info())
         props["delivery_tag"] = claim.receipt
         payload["redelivered"] = claim.attempts > 1
         out.append((payload, claim.queue))

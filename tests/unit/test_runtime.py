@@ -33,6 +33,7 @@ from celery_workflow import (
 )
 from celery_workflow.events import EventType, RunStatus, StepStatus
 from celery_workflow.testing import LocalWorker
+from celery_workflow.world import Claim
 
 
 def types(run: Any) -> list[str]:
@@ -423,9 +424,9 @@ def test_a_changed_workflow_is_reported_as_divergence(wf: Workflows, worker: Loc
 
     wf.registry.workflows["evolving"].func = changed
     with pytest.raises(ReplayDivergence, match="step:first:1"):
-        wf.runtime.handle_workflow(run.id, delivery_id="dlv_test", attempt=1)
+        wf.runtime.handle_workflow(run.id, delivery_id="dlv_test", claim=Claim("r", 1))
     assert run.status == "running"  # retried first, in case an old worker is still deploying
-    assert wf.runtime.handle_workflow(run.id, delivery_id="dlv_test", attempt=4) == "failed"
+    assert wf.runtime.handle_workflow(run.id, delivery_id="dlv_test", claim=Claim("r", 4)) == "failed"
     view = run.view()
     assert view.status is RunStatus.FAILED and view.error is not None
     assert view.error["type"] == "ReplayDivergence"
@@ -449,7 +450,7 @@ def test_changed_step_arguments_are_a_divergence(wf: Workflows, worker: LocalWor
         return 0
 
     wf.registry.workflows["uses_arg"].func = changed
-    assert wf.runtime.handle_workflow(run.id, delivery_id="d", attempt=9) == "failed"
+    assert wf.runtime.handle_workflow(run.id, delivery_id="d", claim=Claim("r", 9)) == "failed"
     assert "other arguments" in str(run.view().error)
 
 
@@ -466,7 +467,7 @@ def test_unreached_log_entries_are_a_divergence(wf: Workflows, worker: LocalWork
     run = shrinking.start()
     worker.run_until_idle()
     wf.registry.workflows["shrinking"].func = lambda: 0
-    assert wf.runtime.handle_workflow(run.id, delivery_id="d", attempt=9) == "failed"
+    assert wf.runtime.handle_workflow(run.id, delivery_id="d", claim=Claim("r", 9)) == "failed"
     assert "no longer reaches" in str(run.view().error)
 
 
