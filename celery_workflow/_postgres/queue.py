@@ -50,13 +50,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from celery_workflow._backend.broker import Binding, QueuedMessage, claimed, parse_receipt
 from celery_workflow._postgres import queue_sql as stmt
 from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase, Script
-from celery_workflow._sqlite.queue import Binding, format_receipt, parse_receipt
 from celery_workflow.ids import to_utc
 from celery_workflow.world import ClaimedDelivery, Delivery
 
-__all__ = ["Binding", "PostgresQueue", "format_receipt", "parse_receipt"]
+__all__ = ["PostgresQueue", "parse_receipt"]
 
 if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_workflow._postgres.database
     import psycopg
@@ -316,7 +316,7 @@ class PostgresQueue:
             limit=limit,
             lease=timedelta(seconds=lease),
         )
-        return [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
+        return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def poll(
         self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
@@ -334,8 +334,8 @@ class PostgresQueue:
 
         rows = self._rows("claim", stmt.POLL, commit_mode="lazy", **claim)
         now = self._local_now()
-        claimed = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
-        claims = [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in claimed]
+        taken = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
+        claims = [claimed(r[0], r[1], r[2], r[3], r[4]) for r in taken]
         return claims, {str(r[1]): now + float(r[6]) for r in rows if r[0] is None}
 
     def due_times(self, queues: Sequence[str]) -> dict[str, float]:
@@ -350,6 +350,26 @@ class PostgresQueue:
     def next_due(self, queues: Sequence[str]) -> float | None:
         """Epoch seconds (this process's clock) at which the next row of ``queues`` becomes claimable, or None."""
         return min(self.due_times(queues).values(), default=None)
+
+    def peek(self, queues: Sequence[str] | None = None) -> list[QueuedMessage]:
+        """Every stored message of ``queues`` (all queues when None), claimed or not, in claim order (due time, id):
+        what an operator, the CLI or a test looks at instead of the table. Times are the database server's."""
+        if queues is not None and not queues:
+            return []
+        rows = self._rows(
+            "peek",
+            "SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at,"
+            f" octet_length(payload) FROM {stmt.Q}"
+            " WHERE %(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]) ORDER BY not_before, id",
+            queues=None if queues is None else list(dict.fromkeys(queues)),
+        )
+        return [
+            QueuedMessage(
+                int(i), str(q), r, int(a), due.timestamp(), None if lease is None else lease.timestamp(), key,
+                None if exp is None else exp.timestamp(), int(size),
+            )
+            for i, q, r, a, due, lease, key, exp, size in rows
+        ]  # fmt: skip
 
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""

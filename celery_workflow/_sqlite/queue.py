@@ -10,8 +10,8 @@ Guarantees (the seed's worker model):
 * A claim takes due rows (``not_before <= now``, no live lease, not expired), oldest due first, sets
   ``lease_until = now + lease``, increments ``attempts`` and clears the idempotency key, all in one
   ``BEGIN IMMEDIATE`` transaction, so concurrent claimers in any number of processes never get the same claim.
-* A receipt (``"<id>.<attempts>"``) names exactly one claim: ids are never reused (AUTOINCREMENT) and every claim
-  increments ``attempts``. ack / release / retry_later / extend with a stale receipt (the row was re-claimed after
+* A receipt (``"<id>.<attempts>"``, :mod:`celery_workflow._backend.broker`) names exactly one claim: ids are never
+  reused (AUTOINCREMENT) and every claim increments ``attempts``. ack / release / retry_later / extend with a stale receipt (the row was re-claimed after
   its lease ran out, released, or deleted) change nothing.
 * An idempotency key deduplicates against a *pending* row of the same run (rows without a run: of the same queue),
   enforced by a partial unique index and ``INSERT … ON CONFLICT DO NOTHING``; claiming releases the key, so a delivery
@@ -34,15 +34,16 @@ import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
+from celery_workflow._backend.broker import Binding, QueuedMessage, claimed, parse_receipt
 from celery_workflow._backend.migrations import Table, columns
 from celery_workflow._sqlite.database import Database
 from celery_workflow.errors import WorldError
 from celery_workflow.ids import to_micros
 from celery_workflow.world import ClaimedDelivery, Delivery
 
-__all__ = ["Binding", "SQLiteQueue", "format_receipt", "parse_receipt"]
+__all__ = ["TABLES", "SQLiteQueue"]
 
 _Q = "celery_workflow_queue"
 _QUEUES = "celery_workflow_broker_queues"
@@ -84,29 +85,6 @@ _INSERT = (
 
 # A row is claimable at ``now`` when it is due, its lease (if any) has run out and it has not expired.
 _CLAIMABLE = "queue = ? AND not_before <= ? AND (lease_until IS NULL OR lease_until <= ?) AND (expires_at IS NULL OR expires_at > ?)"
-
-
-class Binding(NamedTuple):
-    """A binding of ``queue`` to ``exchange``; ``pattern`` is the regex of a topic binding, else None."""
-
-    exchange: str
-    routing_key: str
-    pattern: str | None
-    queue: str
-
-
-def format_receipt(row_id: int, attempts: int) -> str:
-    """The receipt of one claim."""
-    return f"{row_id}.{attempts}"
-
-
-def parse_receipt(receipt: str) -> tuple[int, int]:
-    """``(row_id, attempts)`` of a receipt; WorldError when it is not one."""
-    try:
-        row_id, attempts = receipt.split(".")
-        return int(row_id), int(attempts)
-    except (AttributeError, ValueError) as exc:
-        raise WorldError(f"malformed queue receipt {receipt!r}") from exc
 
 
 def _us(seconds: float) -> int:
@@ -305,7 +283,7 @@ class SQLiteQueue:
             if gone:
                 conn.execute(f"DELETE FROM {_Q} WHERE id IN ({_marks(gone)})", gone)
         rows.sort(key=lambda r: (r[5], r[0]))
-        return [ClaimedDelivery(format_receipt(r[0], r[3]), r[1], bytes(r[2]), r[3], r[4]) for r in rows]
+        return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def poll(
         self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
@@ -337,6 +315,27 @@ class SQLiteQueue:
     def next_due(self, queues: Sequence[str]) -> float | None:
         """Epoch seconds at which the next row of ``queues`` becomes claimable (due or lease run out), or None."""
         return min(self.due_times(queues).values(), default=None)
+
+    def peek(self, queues: Sequence[str] | None = None) -> list[QueuedMessage]:
+        """Every stored message of ``queues`` (all queues when None), claimed or not, in claim order (due time, id):
+        what an operator, the CLI or a test looks at instead of the table."""
+        sql = (
+            f"SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at, length(payload)"
+            f" FROM {_Q}"
+        )
+        names = list(dict.fromkeys(queues)) if queues is not None else None
+        if names is not None:
+            if not names:
+                return []
+            sql += f" WHERE queue IN ({_marks(names)})"
+        rows = self._read(sql + " ORDER BY not_before, id", names or ())
+        return [
+            QueuedMessage(
+                int(i), str(q), r, int(a), due / 1e6, None if lease is None else lease / 1e6, key,
+                None if exp is None else exp / 1e6, int(size),
+            )
+            for i, q, r, a, due, lease, key, exp, size in rows
+        ]  # fmt: skip
 
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""

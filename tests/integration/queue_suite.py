@@ -1,7 +1,8 @@
 """What every queue store does (SQLiteQueue, PostgresQueue): due times, leases, receipts, idempotency, backoff, TTL.
 
-A test module subclasses :class:`QueueStoreSuite`, provides the ``clock`` fixture (a :class:`Clock`) and the ``queue``
-fixture (a store whose ``clock`` is it) and says how to read its rows (:meth:`QueueStoreSuite.rows`). Both stores run it unchanged.
+A test module subclasses :class:`QueueStoreSuite` and provides the ``clock`` fixture (a :class:`Clock`) and the
+``queue`` fixture (a store whose ``clock`` is it). The suite talks to the store through its API only (``peek`` shows
+what is stored), so both stores run it unchanged, and a third one would too.
 """
 
 from __future__ import annotations
@@ -56,10 +57,6 @@ def claim_in_processes(
 class QueueStoreSuite:
     """The store-level behaviour of the queue both transports and Worlds rely on."""
 
-    def rows(self, queue: Any) -> list[tuple[Any, ...]]:
-        """``(id, queue, attempts, lease_until, idempotency_key)`` of every row, by id."""
-        raise NotImplementedError
-
     def test_claims_oldest_due_first_across_queues(self, queue: Any) -> None:
         queue.enqueue(
             [
@@ -80,7 +77,7 @@ class QueueStoreSuite:
         assert [c.payload for c in queue.claim(["a", "b"], limit=2)] == [b"0", b"1"]
         assert [c.payload for c in queue.claim(["b", "a"], limit=3)] == [b"2", b"3", b"4"]
         assert [c.payload for c in queue.claim(["a", "b", "a"], limit=3)] == [b"5"]
-        assert self.rows(queue)[0][4] is None
+        assert queue.peek()[0].idempotency_key is None
 
     def test_rows_not_yet_due_are_invisible(self, queue: Any, clock: Clock) -> None:
         queue.enqueue([Delivery("a", b"later", not_before=at(60))])
@@ -112,11 +109,30 @@ class QueueStoreSuite:
         queue.extend([stale.receipt], 1000)
         queue.release(stale.receipt)
         queue.retry_later(stale.receipt, 0)
-        assert len(self.rows(queue)) == 1
+        assert len(queue.peek()) == 1
         clock.advance(9)
         assert queue.claim(["a"]) == []  # the fresh lease is untouched (not released, not extended)
         queue.ack(fresh.receipt)
-        assert self.rows(queue) == []
+        assert queue.peek() == []
+
+    def test_peek_shows_what_is_stored_in_claim_order(self, queue: Any, clock: Clock) -> None:
+        queue.enqueue(
+            [
+                Delivery("a", b"later", run_id="r1", not_before=at(30), idempotency_key="k"),
+                Delivery("b", b"now!", not_before=at(0)),
+            ]
+        )
+        assert queue.peek([]) == []
+        first, second = queue.peek()
+        assert (first.queue, first.run_id, first.attempts, first.size) == ("b", None, 0, 4)
+        assert first.due == pytest.approx(T0) and first.leased_until is None and first.expires_at is None
+        assert (second.queue, second.run_id, second.idempotency_key) == ("a", "r1", "k")
+        assert second.due == pytest.approx(T0 + 30)
+        (claim,) = queue.claim(["b"], lease=10)
+        (held,) = queue.peek(["b"])
+        assert held.attempts == 1 and held.leased_until == pytest.approx(T0 + 10)
+        assert claim.receipt.startswith(f"{held.id}.")
+        assert [m.queue for m in queue.peek(["a", "zzz"])] == ["a"]
 
     def test_release_ends_the_claim(self, queue: Any) -> None:
         queue.enqueue([Delivery("a", b"x")])
@@ -180,12 +196,12 @@ class QueueStoreSuite:
         queue.claim(["plain"])
         queue.put("plain", b"q")
         assert queue.purge("plain") == 1  # the claimed row stays with its holder
-        assert len(self.rows(queue)) == 1
+        assert len(queue.peek()) == 1
         queue.put("events", b"new")
         queue.put("plain", b"r")
         got = queue.receive(["events", "plain"], no_ack={"events"}, limit=5)
         assert sorted((c.queue, c.attempts) for c in got) == [("events", 1), ("plain", 1)]
-        assert [r[1] for r in self.rows(queue)] == ["plain", "plain"]  # the no_ack row went at receipt
+        assert [m.queue for m in queue.peek()] == ["plain", "plain"]  # the no_ack row went at receipt
 
     def test_expired_queues_and_dead_consumers_are_collected(self, queue: Any, clock: Clock) -> None:
         queue.declare_queue("idle", expires=10)

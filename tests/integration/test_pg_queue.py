@@ -47,11 +47,6 @@ def queue(db: PgDatabase, clock: Clock) -> PostgresQueue:
     return q
 
 
-def rows(q: PostgresQueue) -> list[tuple[Any, ...]]:
-    sql = "SELECT id, queue, attempts, lease_until, idempotency_key FROM celery_workflow_queue ORDER BY id"
-    return q.db.run(lambda conn: conn.execute(sql).fetchall())
-
-
 def test_insert_delete_for_run_and_delete_claim_join_the_callers_transaction(queue: PostgresQueue) -> None:
     results = queue.db.run(
         lambda conn: queue.insert(conn, [Delivery("a", b"1", run_id="r1"), Delivery("a", b"2", run_id="r2")])
@@ -64,15 +59,15 @@ def test_insert_delete_for_run_and_delete_claim_join_the_callers_transaction(que
 
     with pytest.raises(RuntimeError):
         queue.db.run(fail)
-    assert len(rows(queue)) == 2
+    assert len(queue.peek()) == 2
     queue.claim(["a"])  # claimed rows of the run go too
     assert queue.db.run(lambda conn: queue.delete_for_run(conn, "r1")) == 1
     (claim,) = queue.claim(["a"], limit=5)
     assert claim.run_id == "r2"
     queue.db.run(lambda conn: queue.delete_claim(conn, "99.1"))  # stale: nothing happens
-    assert len(rows(queue)) == 1
+    assert len(queue.peek()) == 1
     queue.db.run(lambda conn: queue.delete_claim(conn, claim.receipt))
-    assert rows(queue) == []
+    assert queue.peek() == []
 
 
 def test_receipts_and_driver_errors_raise_world_error(queue: PostgresQueue) -> None:
@@ -210,9 +205,8 @@ def test_concurrent_claimers_in_several_processes_get_each_row_once(queue: Postg
     everything = [i for r in results for i in r]
     assert sorted(everything) == list(range(total))  # every row exactly once
     assert sum(1 for r in results if r) >= 3  # the work was actually shared
-    assert rows(queue) == []
+    assert queue.peek() == []
 
 
 class TestPostgresQueueStore(QueueStoreSuite):
-    def rows(self, queue: Any) -> list[tuple[Any, ...]]:
-        return rows(queue)
+    """The shared queue-store suite on this store."""

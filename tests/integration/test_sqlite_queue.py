@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,19 +27,13 @@ def queue(tmp_path: Path, clock: Clock) -> SQLiteQueue:
     return q
 
 
-def rows(q: SQLiteQueue) -> list[tuple[object, ...]]:
-    conn = q.db.connection()
-    sql = "SELECT id, queue, attempts, lease_until, idempotency_key FROM celery_workflow_queue ORDER BY id"
-    return [tuple(r) for r in conn.execute(sql).fetchall()]
-
-
 def test_insert_and_delete_for_run_join_the_callers_transaction(queue: SQLiteQueue) -> None:
     with queue.db.transaction() as conn:
         assert queue.insert(conn, [Delivery("a", b"1", run_id="r1"), Delivery("a", b"2", run_id="r2")]) == [True, True]
     with pytest.raises(RuntimeError), queue.db.transaction() as conn:
         queue.insert(conn, [Delivery("a", b"3", run_id="r1")])
         raise RuntimeError("rolled back")
-    assert len(rows(queue)) == 2
+    assert len(queue.peek()) == 2
     queue.claim(["a"])  # claimed rows of the run go too
     with queue.db.transaction() as conn:
         assert queue.delete_for_run(conn, "r1") == 1
@@ -88,9 +81,8 @@ def test_concurrent_claimers_in_several_processes_get_each_row_once(tmp_path: Pa
     everything = [i for r in results for i in r]
     assert sorted(everything) == list(range(total))  # every row exactly once
     assert sum(1 for r in results if r) >= 2  # the work was actually shared
-    assert rows(q) == []
+    assert q.peek() == []
 
 
 class TestSQLiteQueueStore(QueueStoreSuite):
-    def rows(self, queue: Any) -> list[tuple[Any, ...]]:
-        return rows(queue)
+    """The shared queue-store suite on this store."""

@@ -60,10 +60,6 @@ def store(url: str) -> Iterator[PostgresQueue]:
     db.close()
 
 
-def table(store: PostgresQueue, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    return store.db.run(lambda conn: [tuple(r) for r in conn.execute(sql, params).fetchall()])
-
-
 def test_url_forms_and_errors(url: str) -> None:
     assert conninfo(url) == url
     assert conninfo("host=db dbname=app") == "host=db dbname=app"
@@ -231,9 +227,4 @@ def test_consumers_survive_terminated_backends(
 
 
 class TestPostgresTransport(TransportSuite):
-    def table(self, store: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        return table(store, sql, *params)
-
-    def due_in(self, store: Any) -> float:
-        ((seconds,),) = table(store, "SELECT EXTRACT(EPOCH FROM not_before - now())::float8 FROM celery_workflow_queue")
-        return float(seconds)
+    """The shared transport suite on this transport."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,10 +44,6 @@ def store(url: str) -> SQLiteQueue:
     return SQLiteQueue(Database(database_path(url)))
 
 
-def table(store: SQLiteQueue, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    return [tuple(r) for r in store.db.connection().execute(sql, params).fetchall()]
-
-
 def test_url_forms() -> None:
     assert database_path("sqlite:////tmp/x/b.db") == "/tmp/x/b.db"
     assert database_path("sqlite:///rel.db") == str(Path("rel.db").resolve())
@@ -63,9 +58,4 @@ def test_url_forms() -> None:
 
 
 class TestSQLiteTransport(TransportSuite):
-    def table(self, store: Any, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        return table(store, sql, *params)
-
-    def due_in(self, store: Any) -> float:
-        ((not_before,),) = table(store, "SELECT not_before FROM celery_workflow_queue")
-        return float(not_before) / 1e6 - time.time()
+    """The shared transport suite on this transport."""
