@@ -25,7 +25,7 @@ one) and resolves URLs through that table.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -151,18 +151,29 @@ class Capabilities:
     consistent) sets it to False; the conformance suite then skips exactly the cases that need it, saying why.
     """
 
-    #: Claims take the oldest due deliveries first, across the queues asked for; a released delivery keeps its place.
-    ordered_claims: bool = True
-    #: Due times, leases and retry delays are honoured to well under a second.
-    subsecond_times: bool = True
-    #: An idempotency key deduplicates against a pending delivery (of the same run, or queue) in the broker.
-    dedup_pending: bool = True
-    #: ``list_runs`` shows a run as soon as ``create_run`` returned (no eventually consistent index in between).
-    consistent_listings: bool = True
+    ordered_claims: bool = field(
+        default=True,
+        metadata={"doc": "claims take the oldest due deliveries first; a released delivery keeps its place"},
+    )
+    subsecond_times: bool = field(
+        default=True, metadata={"doc": "due times, leases and retry delays are honoured to well under a second"}
+    )
+    dedup_pending: bool = field(
+        default=True,
+        metadata={"doc": "an idempotency key deduplicates against a pending delivery (of the same run, or queue)"},
+    )
+    consistent_listings: bool = field(
+        default=True, metadata={"doc": "list_runs shows a run as soon as create_run returned"}
+    )
 
     def lacking(self) -> list[str]:
         """The names of the capabilities this World does not have."""
-        return [name for name in self.__dataclass_fields__ if not getattr(self, name)]
+        return [f.name for f in fields(self) if not getattr(self, f.name)]
+
+    @staticmethod
+    def describe(name: str) -> str:
+        """What the capability ``name`` promises (KeyError for an unknown name)."""
+        return str({f.name: f.metadata["doc"] for f in fields(Capabilities)}[name])
 
 
 class Upkeep(Protocol):

@@ -7,11 +7,51 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+import pytest
+
 from celery_workflow import ids
 from celery_workflow.events import EventType, NewEvent, RunView
-from celery_workflow.world import ClaimedDelivery, Delivery, NewRun, World
+from celery_workflow.world import Capabilities, ClaimedDelivery, Delivery, NewRun, World
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The attribute :func:`requires` sets on a test function.
+REQUIRES = "__celery_workflow_requires__"
+
+
+def requires(*capabilities: str) -> Callable[[F], F]:
+    """Mark a conformance test as needing these :class:`~celery_workflow.world.Capabilities`: a World that lacks
+    one skips it, saying which and why (see :class:`Conformance`)."""
+    for name in capabilities:
+        Capabilities.describe(name)  # KeyError for a misspelt capability
+
+    def mark(fn: F) -> F:
+        setattr(fn, REQUIRES, (*getattr(fn, REQUIRES, ()), *capabilities))
+        return fn
+
+    return mark
+
+
+def skip_reason(world: World, test: Callable[..., Any]) -> str | None:
+    """Why ``test`` does not apply to ``world`` (a capability it :func:`requires` that the World lacks), or None."""
+    needed: tuple[str, ...] = getattr(test, REQUIRES, ())
+    lacking = [name for name in needed if not getattr(world.capabilities, name)]
+    if not lacking:
+        return None
+    reasons = "; ".join(f"{name} ({Capabilities.describe(name)})" for name in lacking)
+    return f"{type(world).__name__} declares it lacks {reasons}"
+
+
+class Conformance:
+    """Base of every conformance class: skips a test whose :func:`requires` names a capability the World lacks."""
+
+    @pytest.fixture(autouse=True)
+    def _skip_without_capabilities(self, request: pytest.FixtureRequest, world: World) -> None:
+        reason = skip_reason(world, request.function)
+        if reason is not None:
+            pytest.skip(reason)
+
 
 #: Longest time any conformance test waits for something another thread or the clock brings about.
 DEADLINE = 10.0

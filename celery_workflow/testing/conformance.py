@@ -26,6 +26,12 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * streams, blocking waits and concurrent writers (:class:`StreamConformance`, :class:`WaitForTerminalConformance`,
   :class:`ConcurrencyConformance`).
 
+Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
+deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
+(:class:`~celery_workflow.world.Capabilities`). The cases that need a capability are marked with :func:`requires`;
+the suite skips exactly those on a World that lacks it, with the capability and its meaning as the skip reason
+(``pytest -rs`` prints them), and runs every other case unchanged.
+
 Behaviour the suite fixes where :mod:`celery_workflow.world` leaves room: ack/release/retry_later/extend with a stale
 or unknown receipt do nothing; per-run listings of an unknown run raise :class:`~celery_workflow.errors.RunNotFound`;
 a no-op append (a repeated ``run_started`` or ``run_cancelled``) still stores its deliveries; ``StreamPage.closed`` is
@@ -34,6 +40,7 @@ true when the stream is closed and the page reaches its last chunk.
 
 from __future__ import annotations
 
+from celery_workflow.testing._conformance import Conformance, requires
 from celery_workflow.testing.conformance_concurrency import (
     ConcurrencyConformance,
     StreamConformance,
@@ -50,6 +57,7 @@ from celery_workflow.testing.conformance_storage import StorageConformance
 
 __all__ = [
     "ConcurrencyConformance",
+    "Conformance",
     "HookRulesConformance",
     "QueueConformance",
     "RunRulesConformance",
@@ -59,6 +67,7 @@ __all__ = [
     "WaitForTerminalConformance",
     "WaitRulesConformance",
     "WorldConformance",
+    "requires",
 ]
 
 

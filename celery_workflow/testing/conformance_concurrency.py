@@ -11,7 +11,15 @@ import pytest
 from celery_workflow import codec, ids
 from celery_workflow.errors import EntityTerminal, EventConflict, EventInvalid, RunNotFound, StaleLog
 from celery_workflow.events import EventType, RunStatus
-from celery_workflow.testing._conformance import DEADLINE, create, ev, hook_created, step_created, unique
+from celery_workflow.testing._conformance import (
+    DEADLINE,
+    Conformance,
+    create,
+    ev,
+    hook_created,
+    step_created,
+    unique,
+)
 from celery_workflow.world import AppendResult, World
 
 
@@ -47,7 +55,7 @@ def _run_together(n: int, body: Callable[[int], object]) -> list[object]:
     return results
 
 
-class StreamConformance:
+class StreamConformance(Conformance):
     """Streams: ordered indexes, reads from an index, an explicit close, waits that wake on writes."""
 
     def test_write_and_read_in_order(self, world: World) -> None:
@@ -130,7 +138,7 @@ class StreamConformance:
         assert 0.15 <= time.monotonic() - started < DEADLINE / 2
 
 
-class WaitForTerminalConformance:
+class WaitForTerminalConformance(Conformance):
     """``wait_for_terminal`` wakes when another thread ends the run and gives up at its timeout."""
 
     def test_returns_when_another_thread_ends_the_run(self, world: World) -> None:
@@ -156,7 +164,7 @@ class WaitForTerminalConformance:
             world.wait_for_terminal(ids.new_run_id(), 0.1)
 
 
-class ConcurrencyConformance:
+class ConcurrencyConformance(Conformance):
     """Concurrent writers to one run: contiguous slots, nothing lost, exactly one winner per terminal event."""
 
     threads = 8

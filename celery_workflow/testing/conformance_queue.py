@@ -9,6 +9,7 @@ import pytest
 from celery_workflow.errors import EntityExists
 from celery_workflow.events import EventType
 from celery_workflow.testing._conformance import (
+    Conformance,
     claim_one,
     create,
     delivery,
@@ -16,13 +17,14 @@ from celery_workflow.testing._conformance import (
     ev,
     eventually,
     in_seconds,
+    requires,
     step_created,
     unique,
 )
 from celery_workflow.world import ClaimedDelivery, World
 
 
-class QueueConformance:
+class QueueConformance(Conformance):
     """Deliveries are claimed when due, hidden by their lease, and deduplicated while pending."""
 
     def test_enqueue_then_claim_and_ack(self, world: World) -> None:
@@ -61,6 +63,7 @@ class QueueConformance:
         assert [d.payload for d in drain(world, b)] == [b"b"]
         assert world.claim([], limit=10) == []
 
+    @requires("ordered_claims")
     def test_claim_takes_oldest_due_first_up_to_limit(self, world: World) -> None:
         queue = unique("q")
         world.enqueue([delivery(queue, b"later", not_before=in_seconds(-1))])
@@ -70,6 +73,7 @@ class QueueConformance:
         assert [d.payload for d in first] == [b"earliest", b"later"]
         assert [d.payload for d in world.claim([queue], limit=2)] == [b"now"]
 
+    @requires("subsecond_times")
     def test_delivery_is_not_claimed_before_it_is_due(self, world: World) -> None:
         queue = unique("q")
         due = in_seconds(0.3)
@@ -80,6 +84,7 @@ class QueueConformance:
         assert time.time() >= due.timestamp() - 0.01
         assert claim_one(world, queue) is None
 
+    @requires("subsecond_times")
     def test_lease_hides_a_claimed_delivery_until_it_expires(self, world: World) -> None:
         queue = unique("q")
         world.enqueue([delivery(queue, b"x")])
@@ -98,6 +103,7 @@ class QueueConformance:
         world.ack(second.receipt)
         assert drain(world, queue) == []
 
+    @requires("ordered_claims")
     def test_release_makes_the_delivery_claimable_at_once(self, world: World) -> None:
         queue = unique("q")
         world.enqueue([delivery(queue, b"x")])
@@ -112,6 +118,7 @@ class QueueConformance:
         world.ack(again.receipt)
         assert [d.payload for d in drain(world, queue)] == [b"y"]
 
+    @requires("subsecond_times")
     def test_retry_later_delays_the_delivery(self, world: World) -> None:
         queue = unique("q")
         world.enqueue([delivery(queue, b"x")])
@@ -124,6 +131,7 @@ class QueueConformance:
         assert time.monotonic() - released_at >= 0.25
         assert again.attempts == 2
 
+    @requires("subsecond_times")
     def test_extend_keeps_the_delivery_hidden(self, world: World) -> None:
         queue = unique("q")
         world.enqueue([delivery(queue, b"x"), delivery(queue, b"y")])
@@ -148,6 +156,7 @@ class QueueConformance:
         world.extend([gone.receipt], 1)
         assert [d.payload for d in drain(world, queue)] == [b"y"]
 
+    @requires("dedup_pending")
     def test_idempotency_key_dedupes_a_pending_delivery_of_the_same_run(self, world: World) -> None:
         queue = unique("q")
         assert world.enqueue([delivery(queue, b"1", run_id="r1", idempotency_key="k")]) == [True]
@@ -169,6 +178,7 @@ class QueueConformance:
         assert sorted(d.payload for d in drain(world, queue)) == [b"1", b"3", b"4", b"5", b"6", b"8"]
         assert [d.payload for d in drain(world, other)] == [b"10"]
 
+    @requires("dedup_pending")
     def test_claim_releases_the_idempotency_key(self, world: World) -> None:
         queue = unique("q")
         world.enqueue([delivery(queue, b"first", run_id="r", idempotency_key="k")])

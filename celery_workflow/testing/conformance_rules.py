@@ -19,13 +19,21 @@ from celery_workflow.errors import (
     WaitNotFound,
 )
 from celery_workflow.events import EventType, RunStatus, StepStatus, WaitStatus
-from celery_workflow.testing._conformance import create, ev, hook_created, iso_in, step_created, unique
+from celery_workflow.testing._conformance import (
+    Conformance,
+    create,
+    ev,
+    hook_created,
+    iso_in,
+    step_created,
+    unique,
+)
 from celery_workflow.world import World
 
 _ERR = {"type": "ValueError", "message": "boom"}
 
 
-class RunRulesConformance:
+class RunRulesConformance(Conformance):
     """Run lifecycle: started once, exactly one terminal event, nothing new on an ended run."""
 
     def test_run_started_sets_running_and_started_at_once(self, world: World) -> None:
@@ -85,7 +93,7 @@ class RunRulesConformance:
         assert world.get_step(run.run_id, "pending").status is StepStatus.FAILED
 
 
-class StepRulesConformance:
+class StepRulesConformance(Conformance):
     """Step lifecycle: unique creation, attempts, retry times, exactly one terminal event."""
 
     def test_step_lifecycle_counts_attempts_and_keeps_first_start(self, world: World) -> None:
@@ -174,7 +182,7 @@ class StepRulesConformance:
         assert world.get_step(run.run_id, "s").status is StepStatus.FAILED
 
 
-class HookRulesConformance:
+class HookRulesConformance(Conformance):
     """Hooks: unique live tokens across runs, hook_conflict instead of hook_created, release on dispose and run end."""
 
     def test_hook_created_is_live_and_found_by_token(self, world: World) -> None:
@@ -283,7 +291,7 @@ class HookRulesConformance:
         assert world.list_hooks(run.run_id) == []
 
 
-class WaitRulesConformance:
+class WaitRulesConformance(Conformance):
     """Waits: created once, completed once, deleted when the run ends."""
 
     def test_wait_lifecycle(self, world: World) -> None:

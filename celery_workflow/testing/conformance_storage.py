@@ -18,12 +18,14 @@ from celery_workflow.errors import (
 )
 from celery_workflow.events import EventType, RunStatus
 from celery_workflow.testing._conformance import (
+    Conformance,
     create,
     delivery,
     drain,
     ev,
     hook_created,
     iso_in,
+    requires,
     step_created,
     unique,
 )
@@ -32,7 +34,7 @@ from celery_workflow.world import NewRun, World
 _BIG = "x" * (codec.MAX_PAYLOAD_BYTES + 10)
 
 
-class StorageConformance:
+class StorageConformance(Conformance):
     """Run creation, appends and views. Subclasses provide a ``world`` fixture (a fresh World per test)."""
 
     # -- create_run ------------------------------------------------------------------------------------------------
@@ -221,6 +223,7 @@ class StorageConformance:
         with pytest.raises(NotFound):
             world.list_steps(ids.new_run_id())
 
+    @requires("consistent_listings")
     def test_list_runs_newest_first_with_filters_and_paging(self, world: World) -> None:
         prefix = unique("wrun").lower()
         even, odd = unique("wf.even"), unique("wf.odd")
