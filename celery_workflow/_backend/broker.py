@@ -10,13 +10,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from celery_workflow._backend.migrations import Table, columns
 from celery_workflow.errors import WorldError
 from celery_workflow.world import ClaimedDelivery
 
-__all__ = ["Binding", "QueuedMessage", "claimed", "format_receipt", "parse_receipt"]
+__all__ = ["Binding", "QueuedMessage", "claimed", "format_receipt", "parse_receipt", "queue_tables"]
+
+QUEUE = "celery_workflow_queue"
+BROKER_QUEUES = "celery_workflow_broker_queues"
+BROKER_EXCHANGES = "celery_workflow_broker_exchanges"
+BROKER_BINDINGS = "celery_workflow_broker_bindings"
+BROKER_CONSUMERS = "celery_workflow_broker_consumers"
+
+
+def queue_tables(*, ttl_columns: tuple[str, str], idempotency_indexes: Sequence[str]) -> dict[str, Table]:
+    """The tables of a SQL queue store (its rows and the broker state its transport shares) as the code expects
+    them (the migration test compares the migrated schema with this). A dialect names the two interval columns of a
+    queue declaration (``x-expires``, ``x-message-ttl``) and its unique idempotency indexes."""
+    expires, message_ttl = ttl_columns
+    return {
+        QUEUE: Table(
+            columns("id queue payload run_id not_before attempts lease_until idempotency_key expires_at created_at"),
+            ("id",),
+            {
+                **dict.fromkeys(
+                    ("celery_workflow_queue_due", "celery_workflow_queue_leased", "celery_workflow_queue_run"), False
+                ),
+                "celery_workflow_queue_expiry": False,
+                **dict.fromkeys(idempotency_indexes, True),
+            },
+        ),
+        BROKER_QUEUES: Table(
+            ("name", "durable", "exclusive", "auto_delete", expires, message_ttl, "last_used", "created_at"), ("name",)
+        ),
+        BROKER_EXCHANGES: Table(columns("name type durable auto_delete arguments created_at"), ("name",)),
+        BROKER_BINDINGS: Table(
+            columns("exchange routing_key queue pattern created_at"),
+            ("exchange", "routing_key", "queue"),
+            {"celery_workflow_broker_bindings_queue": False},
+        ),
+        BROKER_CONSUMERS: Table(columns("queue consumer seen_at"), ("queue", "consumer")),
+    }
 
 
 class Binding(NamedTuple):

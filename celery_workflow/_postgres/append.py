@@ -33,6 +33,7 @@ from psycopg import errors as pg_errors
 
 from celery_workflow import events as rules
 from celery_workflow import ids
+from celery_workflow._backend.broker import parse_receipt
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
 from celery_workflow._postgres.database import CHANNEL_RUNS, Result, Script
@@ -104,6 +105,8 @@ class PgAppend:
         return self.world.db.run(run, what="append", transaction=False)
 
     def load(self, tx: _Tx, request: AppendRequest, *, fresh: bool) -> Loaded:
+        if request.ack is not None:
+            parse_receipt(request.ack)  # a malformed receipt is a WorldError before anything is written
         run_id = request.run_id
         if not fresh and tx.attempt == 1 and not request.keys.tokens:
             kept = self.snapshots.get(run_id)
@@ -143,7 +146,7 @@ class PgAppend:
     def _finish(self, script: Script, request: AppendRequest, plan: rules.Plan) -> None:
         """Queue the plan's writes, the deliveries, the ack, the run-end notification and COMMIT."""
         write_plan(script, plan, request.write_id)
-        queue = self.world.queue
+        queue = self.world.store
         queue.add_inserts(script, request.deliveries)
         if request.ack is not None:
             queue.add_delete_claim(script, request.ack)

@@ -7,41 +7,27 @@ Every statement takes ``%(now)s``: NULL for the database server's clock, or a te
 
 from __future__ import annotations
 
-from celery_workflow._backend.migrations import Table, columns
+from celery_workflow._backend.broker import (
+    BROKER_BINDINGS,
+    BROKER_CONSUMERS,
+    BROKER_EXCHANGES,
+    BROKER_QUEUES,
+    QUEUE,
+    queue_tables,
+)
 from celery_workflow._postgres.database import CHANNEL_QUEUE
 
-Q = "celery_workflow_queue"
-QUEUES = "celery_workflow_broker_queues"
-EXCHANGES = "celery_workflow_broker_exchanges"
-BINDINGS = "celery_workflow_broker_bindings"
-CONSUMERS = "celery_workflow_broker_consumers"
+Q = QUEUE
+QUEUES = BROKER_QUEUES
+EXCHANGES = BROKER_EXCHANGES
+BINDINGS = BROKER_BINDINGS
+CONSUMERS = BROKER_CONSUMERS
 
 #: The queue's tables as the code expects them (the migration test compares the migrated catalog with this).
-TABLES: dict[str, Table] = {
-    Q: Table(
-        columns("id queue payload run_id not_before attempts lease_until idempotency_key expires_at created_at"),
-        ("id",),
-        {
-            "celery_workflow_queue_due": False,
-            "celery_workflow_queue_leased": False,
-            "celery_workflow_queue_run": False,
-            "celery_workflow_queue_expiry": False,
-            "celery_workflow_queue_idempotency_run": True,
-            "celery_workflow_queue_idempotency_queue": True,
-        },
-    ),
-    QUEUES: Table(
-        ("name", "durable", "exclusive", "auto_delete", "expires", "message_ttl", "last_used", "created_at"),
-        ("name",),
-    ),
-    EXCHANGES: Table(("name", "type", "durable", "auto_delete", "arguments", "created_at"), ("name",)),
-    BINDINGS: Table(
-        ("exchange", "routing_key", "queue", "pattern", "created_at"),
-        ("exchange", "routing_key", "queue"),
-        {"celery_workflow_broker_bindings_queue": False},
-    ),
-    CONSUMERS: Table(("queue", "consumer", "seen_at"), ("queue", "consumer")),
-}
+TABLES = queue_tables(
+    ttl_columns=("expires", "message_ttl"),
+    idempotency_indexes=("celery_workflow_queue_idempotency_run", "celery_workflow_queue_idempotency_queue"),
+)
 
 # "now": the database clock, unless a test clock is set (then every statement gets it as %(now)s).
 NOW = "COALESCE(%(now)s::timestamptz, now())"

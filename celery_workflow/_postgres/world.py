@@ -52,24 +52,21 @@ from psycopg_pool import ConnectionPool
 from celery_workflow import events as rules
 from celery_workflow import ids
 from celery_workflow._backend import template
-from celery_workflow._backend.checks import check_deliveries
+from celery_workflow._backend.base import StoreQueue, TemplateWorld
 from celery_workflow._backend.listing import RunFilter
-from celery_workflow._backend.template import AppendRequest
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun
 from celery_workflow._postgres.config import PostgresConfig, config_with, postgres_url
 from celery_workflow._postgres.database import CHANNEL_RUNS, PgDatabase, Script
-from celery_workflow._postgres.queue import PostgresQueue, parse_receipt
+from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._postgres.retention import RetentionSweeper, sweep_expired
 from celery_workflow._postgres.rows import CODEC, COLUMNS, EVENT, HOOK, HOOK_H, RUN, STEP, WAIT, event_row, insert_sql
 from celery_workflow._postgres.streams import PgStreams
 from celery_workflow.errors import HookNotFound, RunNotFound, StepNotFound, WorldError
-from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
+from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
-    AppendResult,
     BrokerSpec,
     Capabilities,
-    ClaimedDelivery,
     Delivery,
     NewRun,
     Page,
@@ -82,7 +79,7 @@ __all__ = ["PostgresConfig", "PostgresWorld", "postgres_url"]
 Conn = psycopg.Connection[Any]
 
 
-class PostgresWorld:
+class PostgresWorld(TemplateWorld, StoreQueue):
     """A World in PostgreSQL: storage, queue (via :class:`~celery_workflow._postgres.queue.PostgresQueue`) and
     streams.
 
@@ -90,6 +87,8 @@ class PostgresWorld:
     """
 
     capabilities = Capabilities()
+    store: PostgresQueue
+    _steps: PgAppend
 
     def __init__(
         self,
@@ -109,9 +108,9 @@ class PostgresWorld:
         if migrate:
             self.db.migrate()
         #: The queue store (shared with the Postgres Kombu transport).
-        self.queue = PostgresQueue(self.db)
+        self.store = PostgresQueue(self.db)
         self.streams = PgStreams(self.db, self.poll_interval)
-        self._append = PgAppend(self)
+        self._steps = PgAppend(self)
         self._sweeper: RetentionSweeper | None = None
 
     @classmethod
@@ -135,7 +134,7 @@ class PostgresWorld:
     @property
     def snapshots(self) -> SnapshotCache:
         """The runs' states this process keeps to plan their next appends (see :mod:`celery_workflow._postgres.append`)."""
-        return self._append.snapshots
+        return self._steps.snapshots
 
     # -- storage: writes -----------------------------------------------------------------------------------------
 
@@ -162,7 +161,7 @@ class PostgresWorld:
                 " WHERE run_id = %(w_run)s AND slot = 1 AND write_id = %(w_id)s)"
             )
             gate = {"w_run": run.run_id, "w_id": write_id}
-            self.queue.add_inserts(script, deliveries, when=(mine, gate))
+            self.store.add_inserts(script, deliveries, when=(mine, gate))
             stored = script.add(f"SELECT {RUN}, {mine} FROM celery_workflow_runs WHERE run_id = %(w_run)s", gate)
             script.add("COMMIT")
             found = script.send()[stored].one()
@@ -173,26 +172,6 @@ class PostgresWorld:
             return template.existing_run(CODEC.run(found[:-1]), run)
 
         return self.db.run(tx, what="create_run", transaction=False)
-
-    def append(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_count: int | None = None,
-        deliveries: Sequence[Delivery] = (),
-        ack: str | None = None,
-        durable: bool = True,
-    ) -> AppendResult:
-        """Append a batch (see the module docstring); ``ack`` deletes that claim in the same transaction, and
-        ``durable=False`` commits with ``synchronous_commit = off`` (visible at once, on disk with the next durable
-        commit)."""
-        request = AppendRequest.build(
-            run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
-        )
-        if ack is not None:
-            parse_receipt(ack)  # a malformed receipt is a WorldError before anything is written
-        return template.append(self._append, request)
 
     # -- storage: reads ------------------------------------------------------------------------------------------
 
@@ -303,29 +282,6 @@ class PostgresWorld:
             mark=lambda: listener.mark(CHANNEL_RUNS, run_id),
             wait=lambda mark, left: listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
         )
-
-    # -- queue (PostgresQueue) -----------------------------------------------------------------------------------
-
-    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        check_deliveries(deliveries)
-        return self.queue.enqueue(deliveries)
-
-    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
-        if lease <= 0:
-            raise ValueError("lease must be positive")
-        return self.queue.claim(queues, limit=limit, lease=lease)
-
-    def ack(self, receipt: str) -> None:
-        self.queue.ack(receipt)
-
-    def release(self, receipt: str) -> None:
-        self.queue.release(receipt)
-
-    def retry_later(self, receipt: str, delay: float) -> None:
-        self.queue.retry_later(receipt, delay)
-
-    def extend(self, receipts: Sequence[str], lease: float) -> None:
-        self.queue.extend(receipts, lease)
 
     # -- streams (PgStreams) -------------------------------------------------------------------------------------
 

@@ -36,8 +36,18 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, S
 from contextlib import contextmanager
 from typing import Any
 
-from celery_workflow._backend.broker import Binding, QueuedMessage, claimed, parse_receipt
-from celery_workflow._backend.migrations import Table, columns
+from celery_workflow._backend.broker import (
+    BROKER_BINDINGS,
+    BROKER_CONSUMERS,
+    BROKER_EXCHANGES,
+    BROKER_QUEUES,
+    QUEUE,
+    Binding,
+    QueuedMessage,
+    claimed,
+    parse_receipt,
+    queue_tables,
+)
 from celery_workflow._sqlite.database import Database
 from celery_workflow.errors import WorldError
 from celery_workflow.ids import to_micros
@@ -45,37 +55,16 @@ from celery_workflow.world import ClaimedDelivery, Delivery
 
 __all__ = ["TABLES", "SQLiteQueue"]
 
-_Q = "celery_workflow_queue"
-_QUEUES = "celery_workflow_broker_queues"
-_EXCHANGES = "celery_workflow_broker_exchanges"
-_BINDINGS = "celery_workflow_broker_bindings"
-_CONSUMERS = "celery_workflow_broker_consumers"
+_Q = QUEUE
+_QUEUES = BROKER_QUEUES
+_EXCHANGES = BROKER_EXCHANGES
+_BINDINGS = BROKER_BINDINGS
+_CONSUMERS = BROKER_CONSUMERS
 
 #: The queue's tables as the code expects them (the migration test compares the migrated schema with this).
-TABLES: dict[str, Table] = {
-    _Q: Table(
-        columns("id queue payload run_id not_before attempts lease_until idempotency_key expires_at created_at"),
-        ("id",),
-        {
-            "celery_workflow_queue_due": False,
-            "celery_workflow_queue_leased": False,
-            "celery_workflow_queue_run": False,
-            "celery_workflow_queue_expiry": False,
-            "celery_workflow_queue_idempotency": True,
-        },
-    ),
-    _QUEUES: Table(
-        ("name", "durable", "exclusive", "auto_delete", "expires_ms", "message_ttl_ms", "last_used", "created_at"),
-        ("name",),
-    ),
-    _EXCHANGES: Table(("name", "type", "durable", "auto_delete", "arguments", "created_at"), ("name",)),
-    _BINDINGS: Table(
-        ("exchange", "routing_key", "queue", "pattern", "created_at"),
-        ("exchange", "routing_key", "queue"),
-        {"celery_workflow_broker_bindings_queue": False},
-    ),
-    _CONSUMERS: Table(("queue", "consumer", "seen_at"), ("queue", "consumer")),
-}
+TABLES = queue_tables(
+    ttl_columns=("expires_ms", "message_ttl_ms"), idempotency_indexes=("celery_workflow_queue_idempotency",)
+)
 
 _INSERT = (
     f"INSERT INTO {_Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)"

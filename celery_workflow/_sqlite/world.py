@@ -33,9 +33,9 @@ from typing import Any
 
 from celery_workflow import ids
 from celery_workflow._backend import template
-from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name
+from celery_workflow._backend.base import StoreQueue, TemplateWorld
+from celery_workflow._backend.checks import check_chunks, check_stream_name
 from celery_workflow._backend.listing import RunFilter
-from celery_workflow._backend.template import AppendRequest
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._sqlite.append import SQLiteAppend, insert_events, load_run
 from celery_workflow._sqlite.database import Database, database_path, database_url
@@ -53,12 +53,10 @@ from celery_workflow._sqlite.rows import (
     sqlite_errors,
 )
 from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
-from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
+from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
-    AppendResult,
     BrokerSpec,
     Capabilities,
-    ClaimedDelivery,
     Delivery,
     NewRun,
     Page,
@@ -70,7 +68,7 @@ from celery_workflow.world import (
 __all__ = ["COLUMNS", "SQLiteWorld"]
 
 
-class SQLiteWorld:
+class SQLiteWorld(TemplateWorld, StoreQueue):
     """A World in one SQLite file (WAL), safe for the threads and processes of one machine.
 
     ``path`` is created with its parent folders if missing and migrated unless ``migrate=False``; a database
@@ -78,6 +76,8 @@ class SQLiteWorld:
     """
 
     capabilities = Capabilities()
+    store: SQLiteQueue
+    _steps: SQLiteAppend
 
     def __init__(
         self,
@@ -92,7 +92,7 @@ class SQLiteWorld:
             self.db = Database(path, synchronous=synchronous, migrate=migrate)
         #: The queue store (shared with the SQLite Kombu transport).
         self.store = SQLiteQueue(self.db)
-        self._append = SQLiteAppend(self)
+        self._steps = SQLiteAppend(self)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteWorld:
@@ -155,21 +155,6 @@ class SQLiteWorld:
             insert_events(conn, [event])
             self.store.insert(conn, deliveries)
         return view, True
-
-    def append(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_count: int | None = None,
-        deliveries: Sequence[Delivery] = (),
-        ack: str | None = None,
-        durable: bool = True,
-    ) -> AppendResult:
-        request = AppendRequest.build(
-            run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
-        )
-        return template.append(self._append, request)
 
     # -- storage: reads ------------------------------------------------------------------------------------------
 
@@ -245,29 +230,6 @@ class SQLiteWorld:
             mark=self._version,
             wait=self._wait,
         )
-
-    # -- queue (SQLiteQueue) -------------------------------------------------------------------------------------
-
-    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        check_deliveries(deliveries)
-        return self.store.enqueue(deliveries)
-
-    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
-        if lease <= 0:
-            raise ValueError("lease must be positive")
-        return self.store.claim(queues, limit=limit, lease=lease)
-
-    def ack(self, receipt: str) -> None:
-        self.store.ack(receipt)
-
-    def release(self, receipt: str) -> None:
-        self.store.release(receipt)
-
-    def retry_later(self, receipt: str, delay: float) -> None:
-        self.store.retry_later(receipt, delay)
-
-    def extend(self, receipts: Sequence[str], lease: float) -> None:
-        self.store.extend(receipts, lease)
 
     # -- streams -------------------------------------------------------------------------------------------------
 

@@ -34,14 +34,14 @@ from typing import TypeVar
 from celery_workflow import events as rules
 from celery_workflow import ids
 from celery_workflow._backend import template
+from celery_workflow._backend.base import TemplateWorld
 from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.template import AppendRequest, Loaded
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
-from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
+from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
-    AppendResult,
     BrokerSpec,
     Capabilities,
     ClaimedDelivery,
@@ -97,7 +97,7 @@ def _key_scope(run_id: str | None, queue: str, key: str | None) -> tuple[bool, s
     return (run_id is None, queue if run_id is None else run_id, key)
 
 
-class MemoryWorld:
+class MemoryWorld(TemplateWorld):
     """A complete World in process memory, thread-safe (one lock and one condition variable)."""
 
     capabilities = Capabilities()
@@ -113,7 +113,7 @@ class MemoryWorld:
         self._keys: dict[tuple[bool, str, str], int] = {}  # key scope -> pending delivery seq (see _key_scope)
         self._seq = itertools.count(1)
         self._version = 0  # bumped by every change, under the lock: what waiters watch
-        self._append = _MemoryAppend(self)
+        self._steps = _MemoryAppend(self)
 
     def _now(self) -> datetime:
         return ids.to_utc(self._clock())
@@ -137,21 +137,6 @@ class MemoryWorld:
             self._insert(deliveries)
             self._changed()
             return view, True
-
-    def append(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        *,
-        expected_count: int | None = None,
-        deliveries: Sequence[Delivery] = (),
-        ack: str | None = None,
-        durable: bool = True,
-    ) -> AppendResult:
-        request = AppendRequest.build(
-            run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
-        )
-        return template.append(self._append, request)
 
     def _apply(self, run: _Run, plan: rules.Plan) -> None:
         run.events.extend(plan.events)

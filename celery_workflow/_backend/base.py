@@ -1,0 +1,82 @@
+"""What a World inherits instead of writing it again: ``append`` through the template, and the queue methods of a
+World whose deliveries live in a queue store (SQLite, Postgres).
+
+:class:`TemplateWorld` gives a World its :meth:`~celery_workflow.world.World.append`: check and normalise the
+request, then run :func:`celery_workflow._backend.template.append` with the World's own steps (``_steps``, an
+:class:`~celery_workflow._backend.template.AppendSteps`). :class:`StoreQueue` gives it ``enqueue`` / ``claim`` /
+``ack`` / ``release`` / ``retry_later`` / ``extend`` on ``store``, with the protocol's input checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from celery_workflow._backend import template
+from celery_workflow._backend.checks import check_deliveries
+from celery_workflow._backend.template import AppendRequest, AppendSteps
+from celery_workflow.events import NewEvent
+from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery
+
+__all__ = ["QueueStore", "StoreQueue", "TemplateWorld"]
+
+
+class TemplateWorld:
+    """A World whose ``append`` is the template's; the subclass sets ``_steps`` in its constructor."""
+
+    _steps: AppendSteps[Any]
+
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        *,
+        expected_count: int | None = None,
+        deliveries: Sequence[Delivery] = (),
+        ack: str | None = None,
+        durable: bool = True,
+    ) -> AppendResult:
+        """Append a batch at the next slots, apply it to the views and store the deliveries, all or nothing (see
+        :meth:`celery_workflow.world.World.append`)."""
+        request = AppendRequest.build(
+            run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
+        )
+        return template.append(self._steps, request)
+
+
+class QueueStore(Protocol):
+    """The queue part of a store (``SQLiteQueue``, ``PostgresQueue``)."""
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]: ...
+    def claim(self, queues: Sequence[str], *, limit: int = ..., lease: float = ...) -> list[ClaimedDelivery]: ...
+    def ack(self, receipt: str) -> None: ...
+    def release(self, receipt: str) -> None: ...
+    def retry_later(self, receipt: str, delay: float) -> None: ...
+    def extend(self, receipts: Sequence[str], lease: float) -> None: ...
+
+
+class StoreQueue:
+    """The World's queue methods on its queue store ``store`` (shared with its Kombu transport)."""
+
+    store: QueueStore
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        check_deliveries(deliveries)
+        return self.store.enqueue(deliveries)
+
+    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
+        if lease <= 0:
+            raise ValueError("lease must be positive")
+        return self.store.claim(queues, limit=limit, lease=lease)
+
+    def ack(self, receipt: str) -> None:
+        self.store.ack(receipt)
+
+    def release(self, receipt: str) -> None:
+        self.store.release(receipt)
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        self.store.retry_later(receipt, delay)
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        self.store.extend(receipts, lease)

@@ -1,0 +1,299 @@
+"""The package's shape, checked from its source: import arrows, backend boundaries, no copied backends.
+
+DESIGN §2 says which way imports point; these tests read every module of ``celery_workflow`` with :mod:`ast` and
+fail on:
+
+* an import loop among module-level imports (imports inside functions and under ``TYPE_CHECKING`` are how a module
+  defers a dependency, so they are left out of the loop check, but not of the boundary checks below);
+* a backend importing another backend (a backend is its public facade, its private package and its transport);
+* ``world.py`` importing any backend, or a World (any module on the World side) importing a transport;
+* Celery's API used outside ``app.py`` (and Kombu's outside ``app.py`` and the transports);
+* a module reaching into another celery_workflow module's private names;
+* the transport's claim keys written or read anywhere but :class:`celery_workflow.world.Claim`;
+* more than :data:`MAX_SHARED_LINES` consecutive lines shared by two Worlds or by two transports.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import celery_workflow
+
+ROOT = Path(celery_workflow.__file__).parent
+PACKAGE = "celery_workflow"
+
+#: Each backend's modules, by prefix: its public facade, its private package, its transport.
+BACKENDS: dict[str, tuple[str, ...]] = {
+    "sqlite": ("celery_workflow.world_sqlite", "celery_workflow._sqlite", "celery_workflow.transport.sqlite"),
+    "postgres": ("celery_workflow.world_pg", "celery_workflow._postgres", "celery_workflow.transport.postgres"),
+    "aws": ("celery_workflow.world_sqs", "celery_workflow._aws", "celery_workflow.transport.sqs"),
+    "memory": ("celery_workflow.testing.memory",),
+}
+#: Modules on the World side of the line: they store state and must not know how Celery consumes it.
+WORLD_SIDE = (
+    "celery_workflow.world",
+    "celery_workflow._backend",
+    "celery_workflow.world_sqlite",
+    "celery_workflow._sqlite",
+    "celery_workflow.world_pg",
+    "celery_workflow._postgres",
+    "celery_workflow.world_sqs",
+    "celery_workflow._aws",
+    "celery_workflow.testing.memory",
+)
+MAX_SHARED_LINES = 15
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    tree: ast.Module
+    #: (imported module, line, at module level outside TYPE_CHECKING)
+    imports: list[tuple[str, int, bool]] = field(default_factory=list)
+    #: names imported with ``from celery_workflow.x import name``: (module, name, line)
+    names: list[tuple[str, str, int]] = field(default_factory=list)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _known(name: str, modules: set[str]) -> str | None:
+    """The package module ``name`` refers to (itself, or its closest parent that is a module), or None."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _walk(node: ast.AST, top: bool) -> Iterator[tuple[ast.AST, bool]]:
+    """Every node with whether it runs at import time (module level, not under ``if TYPE_CHECKING``)."""
+    for child in ast.iter_child_nodes(node):
+        if (isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)) or isinstance(
+            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+        ):
+            yield from _walk(child, False)
+        else:
+            yield child, top
+            yield from _walk(child, top)
+
+
+def load() -> dict[str, Module]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        module = Module(_module_name(path), path, ast.parse(path.read_text(), str(path)))
+        found[module.name] = module
+    names = set(found)
+    for module in found.values():
+        package = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
+        for node, top in _walk(module.tree, True):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    module.imports.append((alias.name, node.lineno, top))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    base = ".".join(anchor[: len(anchor) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    if _known(target, names) == target:  # ``from package import submodule``
+                        module.imports.append((target, node.lineno, top))
+                    else:
+                        module.imports.append((base, node.lineno, top))
+                        if base.startswith(PACKAGE):
+                            module.names.append((base, alias.name, node.lineno))
+    return found
+
+
+MODULES = load()
+
+
+def _group(name: str) -> str | None:
+    for group, prefixes in BACKENDS.items():
+        if any(name == p or name.startswith(p + ".") for p in prefixes):
+            return group
+    return None
+
+
+def _inside(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _internal(module: Module) -> Iterator[tuple[str, int, bool]]:
+    names = set(MODULES)
+    for target, line, top in module.imports:
+        known = _known(target, names) if target.startswith(PACKAGE) else None
+        if known is not None and known != module.name:
+            yield known, line, top
+
+
+def test_the_parser_sees_the_known_arrows() -> None:
+    """Guards the checks below against a parser that finds nothing."""
+    app = {t for t, _, _ in _internal(MODULES["celery_workflow.app"])}
+    assert {"celery_workflow.world", "celery_workflow.runtime.handlers", "celery_workflow.client"} <= app
+    facade = {t for t, _, _ in _internal(MODULES["celery_workflow.world_pg"])}
+    assert "celery_workflow._postgres.world" in facade
+    assert len(MODULES) > 50
+
+
+def test_no_import_loop_among_module_level_imports() -> None:
+    graph = {name: sorted({t for t, _, top in _internal(m) if top}) for name, m in MODULES.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        path.append(name)
+        for target in graph.get(name, []):
+            if state.get(target) == 1:
+                loops.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    assert loops == [], "import loops:\n" + "\n".join(" -> ".join(loop) for loop in loops)
+
+
+def test_no_backend_imports_another_backend() -> None:
+    wrong = [
+        f"{name}:{line} imports {target}"
+        for name, module in MODULES.items()
+        if (mine := _group(name)) is not None
+        for target, line, _ in _internal(module)
+        if (theirs := _group(target)) is not None and theirs != mine
+    ]
+    assert wrong == []
+
+
+def test_world_py_names_no_backend_and_no_world_imports_a_transport() -> None:
+    world = [t for t, _, _ in _internal(MODULES["celery_workflow.world"]) if _group(t) is not None]
+    assert world == [], "world.py imports backends"
+    wrong = [
+        f"{name}:{line} imports {target}"
+        for name, module in MODULES.items()
+        if _inside(name, WORLD_SIDE)
+        for target, line, _ in _internal(module)
+        if _inside(target, ("celery_workflow.transport", "celery_workflow.app"))
+    ]
+    assert wrong == []
+
+
+def test_celery_is_used_only_by_app_py() -> None:
+    def users(package: str) -> set[str]:
+        return {
+            name
+            for name, module in MODULES.items()
+            for target, _, _ in module.imports
+            if target == package or target.startswith(package + ".")
+        }
+
+    # demo.py is the demo application (user code the CLI's demo command runs), not part of the library's machinery
+    assert users("celery") <= {"celery_workflow.app", "celery_workflow.demo"}
+    assert {n for n in users("kombu") if not n.startswith("celery_workflow.transport.")} <= {"celery_workflow.app"}
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    wrong = [
+        f"{name}:{line} imports {target}.{imported}"
+        for name, module in MODULES.items()
+        for target, imported, line in module.names
+        if imported.startswith("_") and not imported.startswith("__") and target != name
+    ]
+    for name, module in MODULES.items():
+        aliases = {
+            alias.asname or alias.name
+            for node in ast.walk(module.tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE)
+            for alias in node.names
+            if f"{node.module}.{alias.name}" in MODULES
+        }
+        for node in ast.walk(module.tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and (node.value.id in aliases or (name.endswith("handlers") and node.value.id not in ("self", "cls")))
+            ):
+                wrong.append(f"{name}:{node.lineno} reads {ast.unparse(node)}")
+    assert wrong == []
+
+
+def test_the_claim_keys_live_in_one_place() -> None:
+    users = sorted(
+        name for name, module in MODULES.items() if re.search(r"cw_(receipt|attempts)", module.path.read_text())
+    )
+    assert users == ["celery_workflow.world"]
+
+
+# -- duplicated code -----------------------------------------------------------------------------------------------
+
+
+def _significant(path: Path) -> list[tuple[int, str]]:
+    """(line number, text with white space folded) of the lines that carry code: no blanks, comments, imports."""
+    out = []
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        text = " ".join(raw.split())
+        if not text or text.startswith(("#", "import ", "from ")) or text in ("(", ")", "[", "]", "{", "}", "),", "],"):
+            continue
+        out.append((number, text))
+    return out
+
+
+def _windows(path: Path, size: int) -> dict[str, int]:
+    lines = _significant(path)
+    return {
+        hashlib.blake2b("\n".join(t for _, t in lines[i : i + size]).encode(), digest_size=16).hexdigest(): lines[i][0]
+        for i in range(len(lines) - size + 1)
+    }
+
+
+def _show(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _shared(groups: dict[str, list[Path]], size: int) -> list[str]:
+    windows = {(group, path): _windows(path, size) for group, paths in groups.items() for path in paths}
+    found = []
+    items = sorted(windows.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+    for i, ((group_a, path_a), a) in enumerate(items):
+        for (group_b, path_b), b in items[i + 1 :]:
+            if group_a == group_b:
+                continue
+            common = set(a) & set(b)
+            if common:
+                key = min(common, key=lambda k: a[k])
+                found.append(f"{_show(path_a)}:{a[key]} ~ {_show(path_b)}:{b[key]}")
+    return found
+
+
+def _files(prefixes: tuple[str, ...]) -> list[Path]:
+    return [m.path for name, m in MODULES.items() if _inside(name, prefixes)]
+
+
+def test_no_two_worlds_or_transports_share_more_than_fifteen_lines() -> None:
+    worlds = {
+        group: _files(tuple(p for p in prefixes if ".transport." not in p)) for group, prefixes in BACKENDS.items()
+    }
+    transports = {name: [m.path] for name, m in MODULES.items() if name.startswith("celery_workflow.transport.")}
+    shared = _shared(worlds, MAX_SHARED_LINES + 1) + _shared(transports, MAX_SHARED_LINES + 1)
+    assert shared == [], "runs of more than 15 lines shared between backends:\n" + "\n".join(shared)
+
+
+def test_the_duplicate_check_finds_a_copy(tmp_path: Path) -> None:
+    original = MODULES["celery_workflow._sqlite.world"].path
+    copy = tmp_path / "copy.py"
+    copy.write_text("\n".join(original.read_text().splitlines()[100:140]))
+    assert _shared({"a": [original], "b": [copy]}, MAX_SHARED_LINES + 1) != []
