@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from celery_workflow._sqlite.database import Database
-from celery_workflow._sqlite.queue import SQLiteQueue, parse_receipt
+from celery_workflow._backend.broker import parse_receipt
+from celery_workflow._sqlite.queue import SQLiteQueue  # the type of SQLiteWorld.store
 from celery_workflow.errors import WorldError
 from celery_workflow.world import Delivery
+from celery_workflow.world_sqlite import SQLiteWorld
 from tests.integration.queue_suite import Clock, QueueStoreSuite, claim_in_processes
 
 
@@ -22,7 +23,7 @@ def clock() -> Clock:
 
 @pytest.fixture
 def queue(tmp_path: Path, clock: Clock) -> SQLiteQueue:
-    q = SQLiteQueue(Database(tmp_path / "queue.db"))
+    q = SQLiteWorld(tmp_path / "queue.db").store
     q.clock = clock
     return q
 
@@ -56,7 +57,7 @@ def test_receipts_and_driver_errors_raise_world_error(queue: SQLiteQueue) -> Non
 
 
 def _claimer(path: str, start: multiprocessing.synchronize.Event, out: multiprocessing.Queue[list[int]]) -> None:
-    q = SQLiteQueue(Database(path, migrate=False))
+    q = SQLiteWorld(path, migrate=False).store
     got: list[int] = []
     start.wait(30)
     idle = 0
@@ -74,7 +75,7 @@ def _claimer(path: str, start: multiprocessing.synchronize.Event, out: multiproc
 
 def test_concurrent_claimers_in_several_processes_get_each_row_once(tmp_path: Path) -> None:
     path = str(tmp_path / "queue.db")
-    q = SQLiteQueue(Database(path))
+    q = SQLiteWorld(path).store
     total = 400
     q.enqueue([Delivery("work", str(i).encode()) for i in range(total)])
     results = claim_in_processes(multiprocessing.get_context("fork"), _claimer, (path,), 4, timeout=60)

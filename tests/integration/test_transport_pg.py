@@ -14,11 +14,11 @@ import pytest
 from celery import Celery
 from kombu import Connection, Consumer, Producer, Queue
 
-from celery_workflow._postgres.database import PgDatabase
-from celery_workflow._postgres.queue import PostgresQueue
+from celery_workflow._postgres.queue import PostgresQueue  # the type of PostgresWorld.store
 from celery_workflow.errors import WorldError
 from celery_workflow.transport.postgres import Transport, close_store, conninfo, mask_password
 from celery_workflow.world import Delivery
+from celery_workflow.world_pg import PostgresWorld
 from tests.integration.pg_fixtures import (  # noqa: F401
     pg_admin_fixture,
     pg_schema_fixture,
@@ -53,11 +53,10 @@ def connect(url: str) -> Iterator[Callable[..., Connection]]:
 
 @pytest.fixture
 def store(url: str) -> Iterator[PostgresQueue]:
-    """The same tables through a database of the test's own (its clock can be changed without touching Kombu's)."""
-    db = PgDatabase.open(url, max_size=2)
-    db.migrate()
-    yield PostgresQueue(db)
-    db.close()
+    """The same tables through a World of the test's own (its clock can be changed without touching Kombu's)."""
+    world = PostgresWorld.open(url, concurrency=1)
+    yield world.store
+    world.close()
 
 
 def test_url_forms_and_errors(url: str) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from celery_workflow._sqlite.database import Database
-from celery_workflow._sqlite.queue import SQLiteQueue
+from celery_workflow._sqlite.queue import SQLiteQueue  # the type of SQLiteWorld.store
 from celery_workflow.errors import WorldError
 from celery_workflow.transport.sqlite import Transport, database_path
+from celery_workflow.world_sqlite import SQLiteWorld
 from tests.integration.transport_suite import TransportSuite
 
 TRANSPORT = "celery_workflow.transport.sqlite:Transport"
@@ -40,8 +40,11 @@ def connect(url: str) -> Iterator[Callable[..., Connection]]:
 
 
 @pytest.fixture
-def store(url: str) -> SQLiteQueue:
-    return SQLiteQueue(Database(database_path(url)))
+def store(url: str) -> Iterator[SQLiteQueue]:
+    """The same file's queue through a World of the test's own (its clock can change without touching Kombu's)."""
+    world = SQLiteWorld.from_url(url)
+    yield world.store
+    world.close()
 
 
 def test_url_forms() -> None:
