@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -20,15 +19,9 @@ from celery_workflow import RunNotFound, WorkflowNotFound
 from celery_workflow.client import HTTPClient
 from celery_workflow.errors import HookNotFound
 
-from .workers import Worker, imported_app
+from .workers import Worker, free_port, imported_app
 
 pytestmark = pytest.mark.acceptance
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,40 @@ import importlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import pytest
 
 APPS = Path(__file__).parent / "apps"
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T | None], timeout: float, describe: Callable[[], str] = str) -> T:
+    """The first truthy value of ``condition()``, polled every 50 ms; AssertionError (with ``describe()``) after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s\n{describe()}")
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Worker:
@@ -82,8 +105,9 @@ def imported_app(name: str, env: dict[str, str]) -> Iterator[ModuleType]:
 
 
 @contextmanager
-def postgres_schema() -> Iterator[str]:
-    """A World URL on a fresh Postgres schema (skips when the server is unreachable); dropped afterwards."""
+def postgres_schema_named() -> Iterator[str]:
+    """The name of a fresh Postgres schema (skips when the server is unreachable); afterwards its connections (those
+    with its name as ``application_name``) are terminated and it is dropped."""
     try:
         from tests.integration import pg_fixtures
     except pytest.skip.Exception as exc:  # the server is unreachable
@@ -92,8 +116,17 @@ def postgres_schema() -> Iterator[str]:
     with pg_fixtures.admin_connection() as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
-        yield pg_fixtures.schema_url(schema)
+        yield schema
     finally:
         with pg_fixtures.admin_connection() as admin:
             pg_fixtures.terminate_backends(admin, schema)
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A World URL on a fresh Postgres schema (skips when the server is unreachable); dropped afterwards."""
+    with postgres_schema_named() as schema:
+        from tests.integration import pg_fixtures
+
+        yield pg_fixtures.schema_url(schema)
