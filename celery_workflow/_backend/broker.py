@@ -79,7 +79,7 @@ class QueuedMessage:
     leased_until: float | None
     idempotency_key: str | None
     expires_at: float | None
-    size: int
+    payload: bytes
 
 
 def format_receipt(row_id: int, attempts: int) -> str:

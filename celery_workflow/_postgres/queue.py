@@ -359,16 +359,16 @@ class PostgresQueue:
         rows = self._rows(
             "peek",
             "SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at,"
-            f" octet_length(payload) FROM {stmt.Q}"
+            f" payload FROM {stmt.Q}"
             " WHERE %(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]) ORDER BY not_before, id",
             queues=None if queues is None else list(dict.fromkeys(queues)),
         )
         return [
             QueuedMessage(
                 int(i), str(q), r, int(a), due.timestamp(), None if lease is None else lease.timestamp(), key,
-                None if exp is None else exp.timestamp(), int(size),
+                None if exp is None else exp.timestamp(), bytes(payload),
             )
-            for i, q, r, a, due, lease, key, exp, size in rows
+            for i, q, r, a, due, lease, key, exp, payload in rows
         ]  # fmt: skip
 
     def size(self, queue: str) -> int:
@@ -486,6 +486,15 @@ class PostgresQueue:
     def exchange_type(self, name: str) -> str | None:
         rows = self._rows("exchange type", f"SELECT type FROM {stmt.EXCHANGES} WHERE name = %(name)s", name=name)
         return str(rows[0][0]) if rows else None
+
+    def queues(self) -> list[str]:
+        """The names of the declared queues."""
+        return [str(r[0]) for r in self._rows("queues", f"SELECT name FROM {stmt.QUEUES} ORDER BY name")]
+
+    def consumers(self) -> dict[str, int]:
+        """How many live consumers (heartbeats not yet collected) each consumed queue has."""
+        rows = self._rows("consumers", f"SELECT queue, count(*) FROM {stmt.CONSUMERS} GROUP BY queue")
+        return {str(q): int(n) for q, n in rows}
 
     def exchanges(self) -> list[str]:
         return [str(r[0]) for r in self._rows("exchanges", f"SELECT name FROM {stmt.EXCHANGES} ORDER BY name")]

@@ -309,7 +309,7 @@ class SQLiteQueue:
         """Every stored message of ``queues`` (all queues when None), claimed or not, in claim order (due time, id):
         what an operator, the CLI or a test looks at instead of the table."""
         sql = (
-            f"SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at, length(payload)"
+            f"SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at, payload"
             f" FROM {_Q}"
         )
         names = list(dict.fromkeys(queues)) if queues is not None else None
@@ -321,9 +321,9 @@ class SQLiteQueue:
         return [
             QueuedMessage(
                 int(i), str(q), r, int(a), due / 1e6, None if lease is None else lease / 1e6, key,
-                None if exp is None else exp / 1e6, int(size),
+                None if exp is None else exp / 1e6, bytes(payload),
             )
-            for i, q, r, a, due, lease, key, exp, size in rows
+            for i, q, r, a, due, lease, key, exp, payload in rows
         ]  # fmt: skip
 
     def size(self, queue: str) -> int:
@@ -445,6 +445,14 @@ class SQLiteQueue:
     def exchange_type(self, name: str) -> str | None:
         rows = self._read(f"SELECT type FROM {_EXCHANGES} WHERE name = ?", (name,))
         return str(rows[0][0]) if rows else None
+
+    def queues(self) -> list[str]:
+        """The names of the declared queues."""
+        return [str(r[0]) for r in self._read(f"SELECT name FROM {_QUEUES} ORDER BY name")]
+
+    def consumers(self) -> dict[str, int]:
+        """How many live consumers (heartbeats not yet collected) each consumed queue has."""
+        return {str(q): int(n) for q, n in self._read(f"SELECT queue, COUNT(*) FROM {_CONSUMERS} GROUP BY queue")}
 
     def exchanges(self) -> list[str]:
         return [str(r[0]) for r in self._read(f"SELECT name FROM {_EXCHANGES} ORDER BY name")]

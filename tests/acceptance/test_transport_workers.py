@@ -11,11 +11,11 @@ for longer than the retries last (the schema's role is refused), until Celery it
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import secrets
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -31,6 +31,9 @@ import psycopg
 import pytest
 from celery import Celery
 from psycopg.conninfo import make_conninfo
+
+from celery_workflow.world_pg import PostgresWorld
+from celery_workflow.world_sqlite import SQLiteWorld
 
 from .workers import free_port, postgres_schema_named, wait_for
 
@@ -101,63 +104,51 @@ def crash_once(self, tag):
 
 
 class Broker:
-    """One transport's broker: its URL and options, and the tests' look at its tables.
-
-    Every SQL statement of the tests is here, written once with the few expressions that differ per backend, so a store
-    API can take their place in one spot.
-    """
+    """One transport's broker: its URL and options, and the tests' look at what it stores, through its store's API
+    (``peek``, ``queues``, ``consumers``, ``bindings``) on a store of the test process's own."""
 
     name: ClassVar[str]  # the test parameter
     transport: ClassVar[str]
     options: ClassVar[dict[str, Any]]
-    param: ClassVar[str]  # the placeholder
-    task_id: ClassVar[str]  # the Celery task id of a queue row
-    payload: ClassVar[str]  # a queue row's payload as text
-    epoch: ClassVar[str]  # a time column (its name in {}) as Unix seconds
 
     def __init__(self, url: str, password: str | None = None) -> None:
         self.url = url
         self.password = password  # passed as broker_password, never in the URL (which Flower shows)
 
-    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    @property
+    def store(self) -> Any:
         raise NotImplementedError
 
     def close(self) -> None:
         """Close what the test process opened on the broker."""
 
     def row_of(self, task_id: str) -> tuple[int, float | None] | None:
-        """``(attempts, lease_until)`` of the queue row of a task, None once it is gone."""
-        found = self.rows(
-            f"SELECT attempts, {self.epoch.format('lease_until')} FROM celery_workflow_queue"
-            f" WHERE {self.task_id} = {self.param}",
-            task_id,
-        )
-        return found[0] if found else None
+        """``(attempts, lease_until)`` of the stored message of a task, None once it is gone."""
+        for message in self.store.peek():
+            if json.loads(message.payload).get("headers", {}).get("id") == task_id:
+                return message.attempts, message.leased_until
+        return None
 
     def leases(self, queue: str) -> list[float | None]:
-        """``lease_until`` of every row of ``queue``."""
-        sql = f"SELECT {self.epoch.format('lease_until')} FROM celery_workflow_queue WHERE queue = {self.param}"
-        return [lease for (lease,) in self.rows(sql, queue)]
+        """The lease of every message of ``queue``."""
+        return [m.leased_until for m in self.store.peek([queue])]
 
     def messages(self, queue: str) -> int:
-        return int(self.rows(f"SELECT COUNT(*) FROM celery_workflow_queue WHERE queue = {self.param}", queue)[0][0])
+        return len(self.store.peek([queue]))
 
     def messages_containing(self, text: str) -> int:
-        sql = f"SELECT COUNT(*) FROM celery_workflow_queue WHERE {self.payload} LIKE {self.param}"
-        return int(self.rows(sql, f"%{text}%")[0][0])
+        return sum(text.encode() in m.payload for m in self.store.peek())
 
-    def declared_queues(self, like: str) -> list[str]:
-        sql = f"SELECT name FROM celery_workflow_broker_queues WHERE name LIKE {self.param}"
-        return [name for (name,) in self.rows(sql, like)]
+    def declared_queues(self, pattern: str) -> list[str]:
+        """The declared queues whose names match the shell-style ``pattern``."""
+        return fnmatch.filter(self.store.queues(), pattern)
 
     def consumers(self) -> dict[str, int]:
         """How many live consumers each consumed queue has."""
-        sql = "SELECT queue, COUNT(*) FROM celery_workflow_broker_consumers GROUP BY queue"
-        return {queue: int(n) for queue, n in self.rows(sql)}
+        return dict(self.store.consumers())
 
     def bindings(self, exchange: str) -> int:
-        sql = f"SELECT COUNT(*) FROM celery_workflow_broker_bindings WHERE exchange = {self.param}"
-        return int(self.rows(sql, exchange)[0][0])
+        return len(self.store.bindings(exchange))
 
 
 class SQLiteBroker(Broker):
@@ -166,23 +157,30 @@ class SQLiteBroker(Broker):
     name = "sqlite"
     transport = "celery_workflow.transport.sqlite:Transport"
     options: ClassVar[dict[str, Any]] = {"lease_seconds": LEASE}
-    param = "?"
-    task_id = "json_extract(CAST(payload AS TEXT), '$.headers.id')"
-    payload = "CAST(payload AS TEXT)"
-    epoch = "{} / 1e6"  # integer microseconds
 
     def __init__(self, path: Path) -> None:
         super().__init__(f"sqlite:///{path}")
         self.path = path
+        self._world: SQLiteWorld | None = None
 
     @classmethod
     @contextmanager
     def open(cls, root: Path) -> Iterator[SQLiteBroker]:
-        yield cls(root / "broker.db")
+        broker = cls(root / "broker.db")
+        try:
+            yield broker
+        finally:
+            broker.close()
 
-    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        with sqlite3.connect(self.path, timeout=30) as conn:
-            return [tuple(r) for r in conn.execute(sql, params).fetchall()]
+    @property
+    def store(self) -> Any:
+        if self._world is None:
+            self._world = SQLiteWorld.from_url(self.url)
+        return self._world.store
+
+    def close(self) -> None:
+        if self._world is not None:
+            self._world.close()
 
 
 class PostgresBroker(Broker):
@@ -192,19 +190,19 @@ class PostgresBroker(Broker):
     name = "postgres"
     transport = "celery_workflow.transport.postgres:Transport"
     options: ClassVar[dict[str, Any]] = {"lease_seconds": LEASE, "pool_timeout": 0.5}
-    param = "%s"
-    task_id = "convert_from(payload, 'UTF8')::jsonb -> 'headers' ->> 'id'"
-    payload = "convert_from(payload, 'UTF8')"
-    epoch = "extract(epoch FROM {})::float8"
 
     def __init__(self, url: str, schema: str, role: str | None = None, password: str | None = None) -> None:
         super().__init__(url, password)
         self.schema = schema
         self.role = role
         # another application_name: terminating the schema's connections leaves the test's observer alone
-        self.observer = psycopg.connect(
-            make_conninfo(url, application_name=f"{schema}_observer", password=password), autocommit=True
+        self.observer = PostgresWorld.open(
+            make_conninfo(url, application_name=f"{schema}_observer", password=password), concurrency=1
         )
+
+    @property
+    def store(self) -> Any:
+        return self.observer.store
 
     @classmethod
     @contextmanager
@@ -234,9 +232,6 @@ class PostgresBroker(Broker):
 
                 with admin_connection() as admin:
                     admin.execute(f'DROP ROLE IF EXISTS "{role}"')
-
-    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        return [tuple(r) for r in self.observer.execute(sql, params).fetchall()]
 
     def close(self) -> None:
         from celery_workflow.transport.postgres import close_store
@@ -394,7 +389,7 @@ def test_inspect_ping_answers(env: Env) -> None:
         check=False,
     )
     assert "pong" in out.stdout, out.stdout + out.stderr + env.tail()
-    assert env.broker.declared_queues("%reply.celery.pidbox") == []  # the client's reply queue went away with it
+    assert env.broker.declared_queues("*reply.celery.pidbox") == []  # the client's reply queue went away with it
 
 
 def test_countdown_task_is_not_received_before_it_is_due(env: Env) -> None:
@@ -457,7 +452,7 @@ def test_worker_heartbeats_reach_an_event_receiver_whose_queue_then_goes(env: En
             if heartbeat() or time.monotonic() > deadline:
                 break
     assert heartbeat(), env.tail()
-    assert env.broker.declared_queues("celeryev.%") == []  # auto_delete: gone with its consumer
+    assert env.broker.declared_queues("celeryev.*") == []  # auto_delete: gone with its consumer
     assert env.broker.bindings("celeryev") == 0
 
 

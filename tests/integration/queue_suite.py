@@ -124,7 +124,7 @@ class QueueStoreSuite:
         )
         assert queue.peek([]) == []
         first, second = queue.peek()
-        assert (first.queue, first.run_id, first.attempts, first.size) == ("b", None, 0, 4)
+        assert (first.queue, first.run_id, first.attempts, first.payload) == ("b", None, 0, b"now!")
         assert first.due == pytest.approx(T0) and first.leased_until is None and first.expires_at is None
         assert (second.queue, second.run_id, second.idempotency_key) == ("a", "r1", "k")
         assert second.due == pytest.approx(T0 + 30)
@@ -217,6 +217,7 @@ class QueueStoreSuite:
         assert queue.gc(consumer_timeout=60) == {"queues": 2, "consumers": 1, "messages": 1}
         assert not queue.has_queue("idle") and not queue.has_queue("orphan")
         assert queue.has_queue("alive")
+        assert queue.queues() == ["alive"] and queue.consumers() == {"alive": 1, "undeclared": 1}
         assert queue.bindings() == []
         assert queue.drop_consumer("live-process", ["alive"]) == ["alive"]
         assert not queue.has_queue("alive")
