@@ -10,15 +10,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from celery_workflow._backend.migrations import Table, columns
 from celery_workflow.errors import WorldError
 from celery_workflow.world import ClaimedDelivery
 
-__all__ = ["Binding", "QueuedMessage", "claimed", "format_receipt", "parse_receipt", "queue_tables"]
+__all__ = [
+    "Binding",
+    "QueuedMessage",
+    "claimed",
+    "format_receipt",
+    "parse_receipt",
+    "queue_declaration",
+    "queue_tables",
+    "queued_messages",
+]
 
 QUEUE = "celery_workflow_queue"
 BROKER_QUEUES = "celery_workflow_broker_queues"
@@ -80,6 +89,34 @@ class QueuedMessage:
     idempotency_key: str | None
     expires_at: float | None
     payload: bytes
+
+
+def queued_messages(rows: Iterable[Sequence[Any]], epoch: Callable[[Any], float]) -> list[QueuedMessage]:
+    """The messages of ``peek`` rows ``(id, queue, run_id, attempts, not_before, lease_until, idempotency_key,
+    expires_at, payload)``, their times turned into epoch seconds by ``epoch``."""
+    return [
+        QueuedMessage(
+            int(i), str(q), r, int(a), epoch(due), None if lease is None else epoch(lease), key,
+            None if exp is None else epoch(exp), bytes(payload),
+        )
+        for i, q, r, a, due, lease, key, exp, payload in rows
+    ]  # fmt: skip
+
+
+def queue_declaration(
+    flags: Sequence[Any], expires: float | None, message_ttl: float | None, last_used: float
+) -> dict[str, Any]:
+    """A stored queue declaration as ``queue_info`` answers it: ``flags`` are the stored durable, exclusive and
+    auto_delete; durations and times are in seconds."""
+    durable, exclusive, auto_delete = flags
+    return {
+        "durable": bool(durable),
+        "exclusive": bool(exclusive),
+        "auto_delete": bool(auto_delete),
+        "expires": expires,
+        "message_ttl": message_ttl,
+        "last_used": last_used,
+    }
 
 
 def format_receipt(row_id: int, attempts: int) -> str:

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any, cast
 
 from celery_workflow import codec
+from celery_workflow._backend.migrations import Table
 from celery_workflow.events import (
     CREATION_EVENTS,
     Event,
@@ -36,7 +37,16 @@ from celery_workflow.events import (
     WaitView,
 )
 
-__all__ = ["EVENT_COLUMNS", "KEYS", "MUTABLE", "VIEW_COLUMNS", "RecordCodec", "add_views", "created_slots"]
+__all__ = [
+    "EVENT_COLUMNS",
+    "KEYS",
+    "MUTABLE",
+    "VIEW_COLUMNS",
+    "RecordCodec",
+    "add_views",
+    "created_slots",
+    "world_tables",
+]
 
 #: The stored fields of each view table, in table order.
 VIEW_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -206,6 +216,35 @@ class RecordCodec:
         created = self.read_time(created_at)
         assert created is not None
         return Event(run_id, int(slot), EventType(kind), cid, codec.loads(bytes(data)), created)
+
+
+def world_tables(*, write_id: bool, indexes: Mapping[str, Mapping[str, bool]]) -> dict[str, Table]:
+    """The tables of a SQL World as the code expects them (the migration test compares the migrated schema with
+    this): the view tables, the event log, hook tokens and streams. ``write_id``: events and stream chunks carry the
+    id of the write that stored them (lost-answer detection); ``indexes``: each table's secondary indexes (name:
+    unique), which differ per dialect."""
+    extra = ("write_id",) if write_id else ()
+    keys = {
+        "runs": ("run_id",),
+        "events": ("run_id", "slot"),
+        "steps": ("run_id", "step_id"),
+        "hooks": ("run_id", "hook_id"),
+        "hook_tokens": ("token",),
+        "waits": ("run_id", "wait_id"),
+        "streams": ("run_id", "name"),
+        "stream_chunks": ("run_id", "name", "idx"),
+    }
+    columns = {
+        **VIEW_COLUMNS,
+        "events": (*EVENT_COLUMNS, *extra),
+        "hook_tokens": ("token", "run_id", "hook_id", "created_at"),
+        "streams": ("run_id", "name", "closed", "chunk_count", "created_at", "updated_at"),
+        "stream_chunks": ("run_id", "name", "idx", "data", "created_at", *extra),
+    }
+    return {
+        f"celery_workflow_{name}": Table(columns[name], key, dict(indexes.get(f"celery_workflow_{name}", {})))
+        for name, key in keys.items()
+    }
 
 
 def created_slots(events: Iterable[Event]) -> dict[tuple[EventType, str | None], int]:

@@ -50,7 +50,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from celery_workflow._backend.broker import Binding, QueuedMessage, claimed, parse_receipt
+from celery_workflow._backend.broker import (
+    Binding,
+    QueuedMessage,
+    claimed,
+    parse_receipt,
+    queue_declaration,
+    queued_messages,
+)
 from celery_workflow._postgres import queue_sql as stmt
 from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase, Script
 from celery_workflow.ids import to_utc
@@ -363,13 +370,7 @@ class PostgresQueue:
             " WHERE %(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]) ORDER BY not_before, id",
             queues=None if queues is None else list(dict.fromkeys(queues)),
         )
-        return [
-            QueuedMessage(
-                int(i), str(q), r, int(a), due.timestamp(), None if lease is None else lease.timestamp(), key,
-                None if exp is None else exp.timestamp(), bytes(payload),
-            )
-            for i, q, r, a, due, lease, key, exp, payload in rows
-        ]  # fmt: skip
+        return queued_messages(rows, lambda moment: float(moment.timestamp()))
 
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
@@ -438,14 +439,7 @@ class PostgresQueue:
         if not rows:
             return None
         durable, exclusive, auto_delete, expires, ttl, last_used = rows[0]
-        return {
-            "durable": bool(durable),
-            "exclusive": bool(exclusive),
-            "auto_delete": bool(auto_delete),
-            "expires": _total(expires),
-            "message_ttl": _total(ttl),
-            "last_used": last_used.timestamp(),
-        }
+        return queue_declaration((durable, exclusive, auto_delete), _total(expires), _total(ttl), last_used.timestamp())
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""

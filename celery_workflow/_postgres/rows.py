@@ -13,41 +13,24 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_workflow._backend.migrations import Table
-from celery_workflow._backend.records import EVENT_COLUMNS, VIEW_COLUMNS, RecordCodec
+from celery_workflow._backend.records import EVENT_COLUMNS, RecordCodec, world_tables
 from celery_workflow.events import Event
 
 __all__ = ["CODEC", "COLUMNS", "TABLES"]
 
 #: The World's tables as the code expects them (the migration test compares the migrated catalog with this).
-TABLES: dict[str, Table] = {
-    "celery_workflow_runs": Table(
-        VIEW_COLUMNS["runs"],
-        ("run_id",),
-        {
+TABLES = world_tables(
+    write_id=True,
+    indexes={
+        "celery_workflow_runs": {
             "celery_workflow_runs_workflow": False,
             "celery_workflow_runs_status": False,
             "celery_workflow_runs_completed": False,
         },
-    ),
-    "celery_workflow_events": Table(
-        (*EVENT_COLUMNS, "write_id"),
-        ("run_id", "slot"),
-        {"celery_workflow_events_created": True, "celery_workflow_events_hook_created": True},
-    ),
-    "celery_workflow_steps": Table(VIEW_COLUMNS["steps"], ("run_id", "step_id")),
-    "celery_workflow_hooks": Table(VIEW_COLUMNS["hooks"], ("run_id", "hook_id")),
-    "celery_workflow_hook_tokens": Table(
-        ("token", "run_id", "hook_id", "created_at"), ("token",), {"celery_workflow_hook_tokens_hook": False}
-    ),
-    "celery_workflow_waits": Table(VIEW_COLUMNS["waits"], ("run_id", "wait_id")),
-    "celery_workflow_streams": Table(
-        ("run_id", "name", "closed", "chunk_count", "created_at", "updated_at"), ("run_id", "name")
-    ),
-    "celery_workflow_stream_chunks": Table(
-        ("run_id", "name", "idx", "data", "created_at", "write_id"), ("run_id", "name", "idx")
-    ),
-}
+        "celery_workflow_events": {"celery_workflow_events_created": True, "celery_workflow_events_hook_created": True},
+        "celery_workflow_hook_tokens": {"celery_workflow_hook_tokens_hook": False},
+    },
+)
 #: The columns the code reads and writes, per table, in table order.
 COLUMNS: dict[str, tuple[str, ...]] = {name: table.columns for name, table in TABLES.items()}
 

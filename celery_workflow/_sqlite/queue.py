@@ -46,7 +46,9 @@ from celery_workflow._backend.broker import (
     QueuedMessage,
     claimed,
     parse_receipt,
+    queue_declaration,
     queue_tables,
+    queued_messages,
 )
 from celery_workflow._sqlite.database import Database
 from celery_workflow.errors import WorldError
@@ -318,13 +320,7 @@ class SQLiteQueue:
                 return []
             sql += f" WHERE queue IN ({_marks(names)})"
         rows = self._read(sql + " ORDER BY not_before, id", names or ())
-        return [
-            QueuedMessage(
-                int(i), str(q), r, int(a), due / 1e6, None if lease is None else lease / 1e6, key,
-                None if exp is None else exp / 1e6, bytes(payload),
-            )
-            for i, q, r, a, due, lease, key, exp, payload in rows
-        ]  # fmt: skip
+        return queued_messages(rows, lambda micros: micros / 1e6)
 
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
@@ -397,14 +393,12 @@ class SQLiteQueue:
         if not rows:
             return None
         durable, exclusive, auto_delete, expires_ms, ttl_ms, last_used = rows[0]
-        return {
-            "durable": bool(durable),
-            "exclusive": bool(exclusive),
-            "auto_delete": bool(auto_delete),
-            "expires": None if expires_ms is None else expires_ms / 1000,
-            "message_ttl": None if ttl_ms is None else ttl_ms / 1000,
-            "last_used": last_used / 1_000_000,
-        }
+        return queue_declaration(
+            (durable, exclusive, auto_delete),
+            None if expires_ms is None else expires_ms / 1000,
+            None if ttl_ms is None else ttl_ms / 1000,
+            last_used / 1_000_000,
+        )
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""

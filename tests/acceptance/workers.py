@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -112,15 +111,8 @@ def postgres_schema_named() -> Iterator[str]:
         from tests.integration import pg_fixtures
     except pytest.skip.Exception as exc:  # the server is unreachable
         pytest.skip(str(exc))
-    schema = f"cw_accept_{secrets.token_hex(5)}"
-    with pg_fixtures.admin_connection() as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
+    with pg_fixtures.fresh_schema("cw_accept") as schema:
         yield schema
-    finally:
-        with pg_fixtures.admin_connection() as admin:
-            pg_fixtures.terminate_backends(admin, schema)
-            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
@@ -70,10 +71,11 @@ def pg_admin_fixture() -> Iterator[psycopg.Connection[Any]]:
         conn.close()
 
 
-@pytest.fixture(name="pg_schema")
-def pg_schema_fixture() -> Iterator[str]:
-    """A fresh, empty schema; dropped (with whatever connections still use it) after the test."""
-    schema = f"cw_test_{secrets.token_hex(6)}"
+@contextmanager
+def fresh_schema(prefix: str = "cw_test") -> Iterator[str]:
+    """The name of a fresh, empty schema; afterwards the connections that carry its name as ``application_name``
+    are terminated and it is dropped."""
+    schema = f"{prefix}_{secrets.token_hex(6)}"
     with admin_connection() as admin:
         admin.execute(f'CREATE SCHEMA "{schema}"')
     try:
@@ -82,6 +84,13 @@ def pg_schema_fixture() -> Iterator[str]:
         with admin_connection() as admin:
             terminate_backends(admin, schema)
             admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(name="pg_schema")
+def pg_schema_fixture() -> Iterator[str]:
+    """A fresh, empty schema; dropped (with whatever connections still use it) after the test."""
+    with fresh_schema() as schema:
+        yield schema
 
 
 @pytest.fixture(name="pg_url")

@@ -104,16 +104,12 @@ def pg() -> Iterator[tuple[Any, str, Any]]:
         pytest.skip(str(exc))
     from celery_workflow._postgres.database import PgDatabase
 
-    schema = f"cw_migr_{__import__('secrets').token_hex(5)}"
-    with pg_fixtures.admin_connection() as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
+    with pg_fixtures.fresh_schema("cw_migr") as schema, pg_fixtures.admin_connection() as admin:
         db = PgDatabase.open(pg_fixtures.schema_url(schema), max_size=2)
         try:
             yield db, schema, admin
         finally:
             db.close()
-            pg_fixtures.terminate_backends(admin, schema)
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
 def _pg_catalog(admin: Any, schema: str) -> dict[str, Table]:
