@@ -174,7 +174,7 @@ class Workflows:
             inline_budget=inline_budget,
             durability=durability,
         )
-        for name, queue in (routes or {}).items():
+        for name, queue in {**self.world.routes, **(routes or {})}.items():
             self.route(name, queue)
         if configure_broker:
             self._configure_celery(transport_options or {})
@@ -218,7 +218,13 @@ class Workflows:
         signals.worker_shutdown.connect(shutdown, weak=False)
 
     def _check_queue(self, queue: str, what: str) -> str:
-        """Known queues: ``queues=`` if given, else Celery's ``task_queues`` if set; otherwise any name goes."""
+        """Known queues: those the World can deliver to, when it says (an AWS World's configured queues); and
+        ``queues=`` if given, else Celery's ``task_queues`` if set; otherwise any name goes."""
+        world_known = self.world.queue_names
+        if world_known is not None and queue not in world_known:
+            raise ConfigurationError(
+                f"{what} routes to queue {queue!r}, which the World does not have; its queues: {sorted(world_known)}"
+            )
         known = self._known_queues
         if known is None and self.celery_app.conf.task_queues:
             known = {q.name for q in self.celery_app.conf.task_queues}

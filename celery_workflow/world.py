@@ -190,6 +190,10 @@ class World(Protocol):
     poll_interval: float
     #: What this World promises beyond the protocol's minimum.
     capabilities: Capabilities
+    #: Workflow name -> queue, as the World's own configuration routes them (``Workflows`` applies them).
+    routes: Mapping[str, str]
+    #: The queue names this World can deliver to, or None when any name goes (a queue table takes any).
+    queue_names: frozenset[str] | None
 
     # -- storage -------------------------------------------------------------------------------------------------
 

@@ -87,6 +87,7 @@ class PostgresWorld(TemplateWorld, StoreQueue):
     """
 
     capabilities = Capabilities()
+    queue_names: frozenset[str] | None = None  # the queue table takes any name
     store: PostgresQueue
     _steps: PgAppend
 
@@ -103,6 +104,7 @@ class PostgresWorld(TemplateWorld, StoreQueue):
         are :class:`PostgresConfig` fields."""
         self.config = config_with(config, overrides)
         self.poll_interval = self.config.poll_interval
+        self.routes = self.config.routes
         self.db = pool if isinstance(pool, PgDatabase) else PgDatabase(pool)
         self._owns_db = not isinstance(pool, PgDatabase)
         if migrate:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 from celery_workflow import ids
@@ -76,6 +77,8 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
     """
 
     capabilities = Capabilities()
+    routes: Mapping[str, str] = MappingProxyType({})
+    queue_names: frozenset[str] | None = None  # the queue table takes any name
     store: SQLiteQueue
     _steps: SQLiteAppend
 

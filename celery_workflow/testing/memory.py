@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import TypeVar
 
 from celery_workflow import events as rules
@@ -101,6 +102,8 @@ class MemoryWorld(TemplateWorld):
     """A complete World in process memory, thread-safe (one lock and one condition variable)."""
 
     capabilities = Capabilities()
+    routes: Mapping[str, str] = MappingProxyType({})
+    queue_names: frozenset[str] | None = None  # the queue table takes any name
 
     def __init__(self, *, poll_interval: float = 0.05, clock: Callable[[], datetime] = ids.utcnow) -> None:
         self.poll_interval = poll_interval

@@ -20,9 +20,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from celery import Celery
 from psycopg_pool import ConnectionPool
 
-from celery_workflow import ids
+from celery_workflow import Workflows, ids
 from celery_workflow._backend.migrations import migrations
 from celery_workflow._postgres.retention import sweep_expired
 from celery_workflow._postgres.rows import COLUMNS
@@ -352,6 +353,11 @@ def test_configuration_and_open_world(pg_url: str) -> None:
         world.close()
     with pytest.raises(ConfigurationError):
         PostgresWorld.open(pg_url, no_such_setting=1)
+    routed = PostgresWorld.open(pg_url, routes={"nightly": "backfill"})
+    try:  # the config's routes are not silently ignored: Workflows applies them
+        assert Workflows(Celery("routed"), world=routed, configure_broker=False).routes == {"nightly": "backfill"}
+    finally:
+        routed.close()
     for bad in ({"poll_interval": 0}, {"concurrency": 0}, {"lease": -1.0}, {"retention": timedelta(0)}):
         with pytest.raises(ConfigurationError):
             PostgresConfig(**bad)

@@ -530,6 +530,29 @@ def test_a_route_to_an_unknown_queue_is_refused(wf: Workflows) -> None:
     assert strict.routes == {"x": "orders"}
 
 
+def test_the_worlds_own_routes_and_queues_apply() -> None:
+    """A World's configuration routes workflows (PostgresConfig.routes, AWSConfig.routes) and may name the only queues
+    it has (an AWS World's SQS queues): Workflows applies the first and refuses routes outside the second."""
+    from types import MappingProxyType
+
+    from celery import Celery
+
+    from celery_workflow import ConfigurationError
+    from celery_workflow.testing import MemoryWorld
+
+    class ConfiguredWorld(MemoryWorld):
+        routes = MappingProxyType({"nightly": "backfill"})
+        queue_names = frozenset({"celery", "backfill"})
+
+    wf = Workflows(Celery("configured"), world=ConfiguredWorld(), configure_broker=False)
+    assert wf.routes == {"nightly": "backfill"}
+    assert wf.runtime.queue_for("nightly") == "backfill"
+    with pytest.raises(ConfigurationError, match="which the World does not have"):
+        wf.route("other", "orders")
+    with pytest.raises(ConfigurationError, match="which the World does not have"):
+        Workflows(Celery("overridden"), world=ConfiguredWorld(), configure_broker=False, routes={"x": "nowhere"})
+
+
 def test_now_after_an_inline_step_is_the_same_on_replay(wf: Workflows, worker: LocalWorker) -> None:
     seen: list[str] = []
 
