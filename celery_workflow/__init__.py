@@ -26,6 +26,7 @@ from celery_workflow.errors import (
     WorkflowFailed,
     WorkflowNotFound,
     WorldError,
+    WorldUnavailable,
 )
 from celery_workflow.events import Event, EventType, RunStatus, StepStatus
 from celery_workflow.runtime.context import (
@@ -83,6 +84,7 @@ __all__ = [
     "WorkflowNotFound",
     "Workflows",
     "WorldError",
+    "WorldUnavailable",
     "__version__",
     "create_hook",
     "create_webhook",

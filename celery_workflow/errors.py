@@ -65,6 +65,10 @@ class WorldError(CeleryWorkflowError):
     """The World's storage failed."""
 
 
+class WorldUnavailable(WorldError):
+    """The World's store is unavailable for now (throttled, unreachable, failing): nothing was lost; retry later."""
+
+
 class SchemaVersionError(WorldError):
     """The database schema is newer than this version of celery_workflow."""
 

@@ -1,0 +1,388 @@
+"""How the AWS World writes a batch (not part of the public API): the append template's steps on DynamoDB.
+
+``load`` reads, in one ``TransactGetItems`` (one point in time), the run's ``META`` item (view, event count, live hooks, created
+hook ids, outbox) and the items the batch names: its steps, waits and hooks, the owners of the tokens it claims, and
+the ``QUEUE#`` record it acks (plus, when the batch may end the run, every wait of the run). ``write`` sends ONE
+``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw, each event, each changed
+step, hook, token and wait, the run-end cleanup, the new ``QUEUE#`` records (listed in the run's outbox) and the
+deletion of the acked record (conditioned on its claim). A failed condition means another writer got there first:
+the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. After the commit the new
+records are published (:mod:`celery_workflow._aws.queue`) and the acked message deleted.
+
+Limits: at most 100 actions per transaction and 400 KB per item, checked before anything is sent
+(:class:`~celery_workflow.errors.EventInvalid` / :class:`~celery_workflow.errors.EventTooLarge`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from celery_workflow import events as rules
+from celery_workflow import ids
+from celery_workflow._aws.dynamo import Cancelled
+from celery_workflow._aws.items import (
+    CODEC,
+    event_item,
+    from_item,
+    hook_item,
+    item_size,
+    run_item,
+    run_of,
+    token_item,
+    view_item,
+    view_of,
+)
+from celery_workflow._aws.queue import Receipt, Record
+from celery_workflow._aws.table import (
+    MAX_ACTIONS,
+    MAX_ITEM_BYTES,
+    META,
+    event_sk,
+    hook_pk,
+    queue_pk,
+    run_pk,
+    step_sk,
+    token_pk,
+    wait_sk,
+)
+from celery_workflow._backend.records import MUTABLE, created_slots
+from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
+from celery_workflow.errors import EventInvalid, EventTooLarge, WorldUnavailable
+from celery_workflow.events import EventType
+
+if TYPE_CHECKING:
+    from celery_workflow._aws.world import AWSWorld
+
+__all__ = ["AWSAppend", "update_action"]
+
+R = TypeVar("R")
+
+#: Attempts of one append against concurrent writers of the same run (hot keys trade throughput for retries).
+MAX_ATTEMPTS = 30
+#: An outbox entry older than this was left by a writer that stopped: the next append of the run publishes it.
+OUTBOX_GRACE_MICROS = 60_000_000
+
+
+@dataclass(slots=True)
+class _Tx:
+    """What ``load`` learnt for ``write``, besides the snapshot."""
+
+    hooks: dict[str, str] = field(default_factory=dict)  # the run's live hooks: id -> token
+    waits: list[str] = field(default_factory=list)  # every wait of the run (read when the batch may end it)
+    ack: Receipt | None = None  # the acked claim, when its record is still this claim's
+    delete_message: Receipt | None = None  # the acked message, when its record is gone already
+    stale_outbox: bool = False
+
+
+def update_action(table: str, key: dict[str, str], values: dict[str, Any], condition: str) -> dict[str, Any]:
+    """A transaction ``Update`` that sets ``values`` (a None value removes the attribute) under ``condition``."""
+    names: dict[str, str] = {}
+    attrs: dict[str, Any] = {}
+    sets, removes = [], []
+    for i, (name, value) in enumerate(values.items()):
+        names[f"#a{i}"] = name
+        if value is None:
+            removes.append(f"#a{i}")
+        else:
+            attrs[f":a{i}"] = value
+            sets.append(f"#a{i} = :a{i}")
+    expression = ("SET " + ", ".join(sets) if sets else "") + (" REMOVE " + ", ".join(removes) if removes else "")
+    update: dict[str, Any] = {
+        "TableName": table,
+        "Key": {k: {"S": v} for k, v in key.items()},
+        "UpdateExpression": expression.strip(),
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": names,
+    }
+    if attrs:
+        update["ExpressionAttributeValues"] = attrs
+    return {"Update": update}
+
+
+class AWSAppend:
+    """The append template's steps for one :class:`~celery_workflow._aws.world.AWSWorld`."""
+
+    def __init__(self, world: AWSWorld) -> None:
+        self.world = world
+
+    def now(self) -> datetime:
+        return ids.utcnow()
+
+    def transaction(self, body: Callable[[_Tx], R], request: AppendRequest) -> R:
+        delay = 0.01
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                return body(_Tx())
+            except StaleSnapshot:
+                if attempt == MAX_ATTEMPTS:
+                    break
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.5)
+        raise WorldUnavailable(
+            f"run {request.run_id}: the append kept conflicting with other writers ({MAX_ATTEMPTS} attempts)"
+        )
+
+    # -- reads -------------------------------------------------------------------------------------------------------
+
+    def load(self, tx: _Tx, request: AppendRequest, *, fresh: bool) -> Loaded:
+        world, run_id, keys = self.world, request.run_id, request.keys
+        receipt = Receipt.parse(request.ack) if request.ack is not None else None  # malformed: before any read
+        world.queue.check(request.deliveries)
+        pk = run_pk(run_id)
+        wanted = [{"pk": pk, "sk": META}]
+        wanted += [{"pk": pk, "sk": step_sk(s)} for s in keys.steps]
+        wanted += [{"pk": pk, "sk": wait_sk(w)} for w in keys.waits]
+        wanted += [{"pk": hook_pk(run_id, h), "sk": META} for h in keys.hooks]
+        wanted += [{"pk": token_pk(t), "sk": META} for t in keys.tokens]
+        if receipt is not None:
+            wanted.append({"pk": queue_pk(receipt.id), "sk": META})
+        found = {(item["pk"]["S"], item["sk"]["S"]): item for item in world.table.get_atomic(wanted)}
+        meta = found.get((pk, META))
+        if meta is None:
+            return Loaded(rules.Snapshot(None))
+        stored = from_item(meta)
+        snapshot = rules.Snapshot(run_of(meta))
+        tx.hooks = dict(stored.get("hooks") or {})
+        created = set(stored.get("created_hooks") or {})
+        snapshot.created_hooks = created & set(keys.hooks)
+        outbox = stored.get("outbox") or {}
+        tx.stale_outbox = any(int(t) < ids.to_micros(ids.utcnow()) - OUTBOX_GRACE_MICROS for t in outbox.values())
+        for s in keys.steps:
+            if (item := found.get((pk, step_sk(s)))) is not None:
+                snapshot.steps[s] = view_of("steps", item)
+        for w in keys.waits:
+            if (item := found.get((pk, wait_sk(w)))) is not None:
+                snapshot.waits[w] = view_of("waits", item)
+        for h in keys.hooks:
+            if (item := found.get((hook_pk(run_id, h), META))) is not None and h in tx.hooks:
+                snapshot.hooks[h] = view_of("hooks", item)
+        for t in keys.tokens:
+            if (item := found.get((token_pk(t), META))) is not None:
+                snapshot.token_owners[t] = view_of("hooks", item)
+        if request.ends_run:
+            tx.waits = [from_item(i)["wait_id"] for i in world.table.partition(pk, "WAIT#", what="Query (waits)")]
+        if receipt is not None:
+            record = found.get((queue_pk(receipt.id), META))
+            if record is None:
+                tx.delete_message = receipt  # acked already (or never recorded): only the message is left
+            elif Record.from_item(record).claim == receipt.claim:
+                tx.ack = receipt
+        return Loaded(snapshot)
+
+    # -- the write ---------------------------------------------------------------------------------------------------
+
+    def write(self, tx: _Tx, request: AppendRequest, plan: rules.Plan) -> None:
+        world = self.world
+        now = ids.utcnow()
+        records = [Record.of(d, now) for d in request.deliveries]
+        expiry = world.expiry_record(plan) if plan.run_ended else None
+        actions = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
+        ack_index = None
+        if tx.ack is not None:
+            ack_index = len(actions)
+            actions.append(
+                {
+                    "Delete": {
+                        "TableName": world.table.name,
+                        "Key": {"pk": {"S": queue_pk(tx.ack.id)}, "sk": {"S": META}},
+                        "ConditionExpression": "claim = :claim",
+                        "ExpressionAttributeValues": {":claim": {"N": str(tx.ack.claim)}},
+                    }
+                }
+            )
+        if len(actions) > MAX_ACTIONS:
+            raise EventInvalid(
+                f"this append of run {request.run_id} needs {len(actions)} DynamoDB actions; one transaction takes"
+                f" at most {MAX_ACTIONS} (fewer events, deliveries or live hooks per batch)"
+            )
+        try:
+            world.table.transact("TransactWriteItems (append)", actions)
+        except Cancelled as exc:
+            if ack_index is not None and exc.conditions_failed == [ack_index]:
+                tx.ack = None  # claimed again since load: the receipt is stale, the append goes on without the ack
+                self.write(tx, request, plan)
+                return
+            if not self._committed(request, plan):
+                raise StaleSnapshot() from None
+        published = [*records, *([expiry] if expiry else [])]
+        if published:
+            world.queue.publish(request.run_id, published)
+        for done in (tx.ack, tx.delete_message):
+            if done is not None:
+                world.queue.delete_message(done.queue, done.handle)
+        if tx.stale_outbox:
+            world.queue.republish(request.run_id)
+
+    def _committed(self, request: AppendRequest, plan: rules.Plan) -> bool:
+        """Whether this very request committed already: a retry of a transaction whose answer was lost finds its
+        own first event (tagged with the request's ``write_id``) and must not apply the batch twice."""
+        if not plan.events:
+            return False
+        first = self.world.table.get({"pk": run_pk(request.run_id), "sk": event_sk(plan.events[0].slot)})
+        return first is not None and from_item(first).get("write_id") == request.write_id
+
+    def _actions(
+        self, tx: _Tx, request: AppendRequest, plan: rules.Plan, records: list[Record]
+    ) -> list[dict[str, Any]]:
+        table = self.world.table.name
+        run = plan.run
+        pk = run_pk(run.run_id)
+        actions: list[dict[str, Any]] = []
+
+        def put(item: dict[str, Any], condition: str | None = None, values: dict[str, Any] | None = None) -> None:
+            size = item_size(item)
+            if size > MAX_ITEM_BYTES:
+                raise EventTooLarge(
+                    f"an item of {size} bytes exceeds DynamoDB's {MAX_ITEM_BYTES} bytes ({item['sk']['S']} of {item['pk']['S']})"
+                )
+            action: dict[str, Any] = {"TableName": table, "Item": item}
+            if condition:
+                action["ConditionExpression"] = condition
+            if values:
+                action["ExpressionAttributeValues"] = values
+            actions.append({"Put": action})
+
+        def delete(key: dict[str, str], condition: str | None = None, values: dict[str, Any] | None = None) -> None:
+            action: dict[str, Any] = {"TableName": table, "Key": {k: {"S": v} for k, v in key.items()}}
+            if condition:
+                action["ConditionExpression"] = condition
+            if values:
+                action["ExpressionAttributeValues"] = values
+            actions.append({"Delete": action})
+
+        actions.append(self._meta_update(tx, plan, records))
+        if not plan.events:
+            for record in records:
+                put(record.item())
+            return actions
+        for e in plan.events:
+            put(event_item(e, request.write_id), "attribute_not_exists(pk)")
+        created = created_slots(plan.events)
+        for table_name, items, kind in (
+            ("steps", plan.steps, EventType.STEP_CREATED),
+            ("waits", plan.waits, EventType.WAIT_CREATED),
+        ):
+            for item_id, view in items.items():
+                slot = created.get((kind, item_id))
+                if slot is not None:
+                    put(view_item(table_name, view, slot), "attribute_not_exists(pk)")
+                    continue
+                values = CODEC.record(table_name, view, created_slot=None)
+                sk = step_sk(item_id) if table_name == "steps" else wait_sk(item_id)
+                changed = {c: _typed(values[c]) for c in MUTABLE[table_name]}
+                actions.append(update_action(table, {"pk": pk, "sk": sk}, changed, "attribute_exists(pk)"))
+        released = {hook.token: hook_id for hook_id, hook in plan.hooks_deleted.items()}  # token -> its hook here
+        deleted = set(plan.hooks_deleted)
+        if plan.run_ended:  # every live hook of the run goes, not only those the batch named
+            released.update({token: hook_id for hook_id, token in tx.hooks.items()})
+            deleted.update(tx.hooks)
+        moved: set[str] = set()
+        for hook_id, hook in plan.hooks_inserted.items():
+            slot = created[(EventType.HOOK_CREATED, hook_id)]
+            put(hook_item(hook, slot), "attribute_not_exists(pk)")
+            previous = released.get(hook.token)
+            if previous is None:
+                put(token_item(hook, slot), "attribute_not_exists(pk)")
+            else:  # a token released and claimed again in one batch: one write of its item
+                moved.add(hook.token)
+                put(
+                    token_item(hook, slot),
+                    "run_id = :r AND hook_id = :h",
+                    {":r": {"S": run.run_id}, ":h": {"S": previous}},
+                )
+        for hook_id in sorted(deleted):
+            delete({"pk": hook_pk(run.run_id, hook_id), "sk": META})
+        for token, hook_id in released.items():
+            if token not in moved:
+                delete(
+                    {"pk": token_pk(token), "sk": META},
+                    "attribute_not_exists(pk) OR (run_id = :r AND hook_id = :h)",
+                    {":r": {"S": run.run_id}, ":h": {"S": hook_id}},
+                )
+        if plan.run_ended:
+            for wait_id in tx.waits:
+                if wait_id not in plan.waits:
+                    delete({"pk": pk, "sk": wait_sk(wait_id)})
+        for record in records:
+            put(record.item())
+        return actions
+
+    def _meta_update(self, tx: _Tx, plan: rules.Plan, records: list[Record]) -> dict[str, Any]:
+        """The META update: the run view, live hooks, created hook ids and the outbox, conditioned on the event count
+        the plan started from (no event: only that the run still exists)."""
+        run = plan.run
+        table = self.world.table.name
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        sets: list[str] = []
+        removes: list[str] = []
+
+        def name(text: str) -> str:
+            key = f"#n{len(names)}"
+            names[key] = text
+            return key
+
+        def value(typed: dict[str, Any]) -> str:
+            key = f":v{len(values)}"
+            values[key] = typed
+            return key
+
+        condition = "attribute_exists(pk)"
+        if plan.events:
+            meta = run_item(run, hooks=_live_hooks(tx, plan))
+            size = item_size(meta)
+            if size > MAX_ITEM_BYTES:
+                raise EventTooLarge(
+                    f"run {run.run_id}'s view would be {size} bytes; DynamoDB stores at most {MAX_ITEM_BYTES}"
+                )
+            fields = CODEC.record("runs", run)
+            for column in MUTABLE["runs"]:
+                if fields[column] is None:
+                    removes.append(name(column))
+                else:
+                    sets.append(f"{name(column)} = {value(_typed(fields[column]))}")
+            if plan.run_ended:
+                sets.append(f"{name('hooks')} = {value({'M': {}})}")
+            else:
+                for hook_id, hook in plan.hooks_inserted.items():
+                    sets.append(f"{name('hooks')}.{name(hook_id)} = {value({'S': hook.token})}")
+                for hook_id in plan.hooks_deleted:
+                    if hook_id not in plan.hooks_inserted:
+                        removes.append(f"{name('hooks')}.{name(hook_id)}")
+            for e in plan.events:
+                if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
+                    sets.append(f"{name('created_hooks')}.{name(str(e.correlation_id))} = {value({'BOOL': True})}")
+            condition = f"{name('event_count')} = {value({'N': str(plan.events[0].slot - 1)})}"
+        for record in records:
+            sets.append(f"{name('outbox')}.{name(record.id)} = {value({'N': str(ids.to_micros(ids.utcnow()))})}")
+        if not sets and not removes:
+            sets.append(f"{name('run_id')} = {value({'S': run.run_id})}")
+        expression = ("SET " + ", ".join(sets) if sets else "") + (" REMOVE " + ", ".join(removes) if removes else "")
+        update: dict[str, Any] = {
+            "TableName": table,
+            "Key": {"pk": {"S": run_pk(run.run_id)}, "sk": {"S": META}},
+            "UpdateExpression": expression.strip(),
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+        }
+        return {"Update": update}
+
+
+def _live_hooks(tx: _Tx, plan: rules.Plan) -> dict[str, str]:
+    if plan.run_ended:
+        return {}
+    hooks = {k: v for k, v in tx.hooks.items() if k not in plan.hooks_deleted}
+    hooks.update({k: h.token for k, h in plan.hooks_inserted.items()})
+    return hooks
+
+
+def _typed(value: Any) -> Any:
+    from celery_workflow._aws.items import attr
+
+    return None if value is None else attr(value)

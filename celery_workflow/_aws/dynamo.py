@@ -1,0 +1,210 @@
+"""DynamoDB calls with the AWS World's error mapping (not part of the public API).
+
+* Throttling, service errors and unreachable endpoints (after botocore's own retries) are
+  :class:`~celery_workflow.errors.WorldUnavailable`: nothing was written that the caller does not know about, and the
+  HTTP edge answers 503.
+* An item over DynamoDB's size limit is :class:`~celery_workflow.errors.EventTooLarge` (an ``EventInvalid``: the
+  HTTP edge answers 413).
+* A missing table says how to create it; any other client error is a :class:`~celery_workflow.errors.WorldError`.
+* A transaction cancelled by a failed condition is :class:`Cancelled`, with the reason of each action, for the caller
+  to decide (a stale snapshot, a token someone else owns); a single write whose condition failed is
+  :class:`ConditionFailed`.
+
+Reads are consistent; ``BatchGetItem`` and ``Query`` are followed through their unprocessed keys and pages.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+
+from celery_workflow.errors import EventInvalid, EventTooLarge, WorldError, WorldUnavailable
+
+__all__ = ["Cancelled", "ConditionFailed", "Table"]
+
+T = TypeVar("T")
+Item = dict[str, Any]
+
+#: Error codes that mean "try again later" (throttling, capacity, the service itself).
+UNAVAILABLE = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "LimitExceededException",
+        "TransactionInProgressException",
+    }
+)
+
+
+class Cancelled(Exception):
+    """A transaction was cancelled; ``reasons`` has one code per action (``"None"`` for the ones that were fine)."""
+
+    def __init__(self, reasons: Sequence[str]) -> None:
+        super().__init__(", ".join(reasons))
+        self.reasons = list(reasons)
+
+    @property
+    def conditions_failed(self) -> list[int]:
+        """The indexes of the actions whose condition failed."""
+        return [i for i, code in enumerate(self.reasons) if code == "ConditionalCheckFailed"]
+
+    @property
+    def only_conditions(self) -> bool:
+        return all(code in ("None", "ConditionalCheckFailed", "") for code in self.reasons)
+
+
+class ConditionFailed(Exception):
+    """A single-item write whose condition did not hold (nothing was written)."""
+
+
+class Table:
+    """One DynamoDB table through a boto3 client, with the World's error mapping."""
+
+    def __init__(self, client: Any, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    def call(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
+        try:
+            return fn(**kwargs)
+        except ClientError as exc:
+            raise self.error(what, exc) from exc
+        except (ConnectionError, HTTPClientError) as exc:
+            raise WorldUnavailable(f"DynamoDB {what}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise WorldError(f"DynamoDB {what}: {exc}") from exc
+
+    def error(self, what: str, exc: ClientError) -> Exception:
+        code = exc.response.get("Error", {}).get("Code", "")
+        message = exc.response.get("Error", {}).get("Message", str(exc))
+        if code == "TransactionCanceledException":
+            reasons = [r.get("Code", "None") or "None" for r in exc.response.get("CancellationReasons", [])]
+            cancelled = Cancelled(reasons)
+            if cancelled.only_conditions and cancelled.conditions_failed:
+                return cancelled
+            if any(r in UNAVAILABLE or r == "TransactionConflict" for r in reasons):
+                return WorldUnavailable(f"DynamoDB {what}: transaction cancelled ({', '.join(reasons)})")
+            if any(r == "ValidationError" for r in reasons) and "size" in message.lower():
+                return EventTooLarge(f"DynamoDB {what}: an item exceeds 400 KB ({message})")
+            return WorldError(f"DynamoDB {what}: transaction cancelled ({', '.join(reasons)}): {message}")
+        if code == "ConditionalCheckFailedException":
+            return ConditionFailed(f"DynamoDB {what}: the condition did not hold")
+        if code in UNAVAILABLE:
+            return WorldUnavailable(f"DynamoDB {what}: {code}: {message}")
+        if code == "ValidationException" and "size" in message.lower():
+            return EventTooLarge(f"DynamoDB {what}: an item exceeds 400 KB ({message})")
+        if code == "ResourceNotFoundException":
+            return WorldError(
+                f"DynamoDB {what}: table {self.name} not found ({message}); create it with"
+                f" `celery-workflow create-table {self.name}` or the Terraform module"
+            )
+        return WorldError(f"DynamoDB {what}: {code}: {message}")
+
+    # -- reads -------------------------------------------------------------------------------------------------------
+
+    def get(self, key: Mapping[str, str]) -> Item | None:
+        answer = self.call(
+            "GetItem",
+            self.client.get_item,
+            TableName=self.name,
+            Key={k: {"S": v} for k, v in key.items()},
+            ConsistentRead=True,
+        )
+        found: Item | None = answer.get("Item")
+        return found
+
+    def get_atomic(self, keys: Sequence[Mapping[str, str]]) -> list[Item]:
+        """Up to 100 items read together with ``TransactGetItems``: one serializable point in time (a
+        ``BatchGetItem`` reads each item at its own moment, which an optimistic append must not plan on)."""
+        unique = list({tuple(sorted(k.items())): k for k in keys}.values())
+        if len(unique) > 100:
+            raise EventInvalid(f"a batch naming {len(unique)} items cannot be read in one DynamoDB transaction (100)")
+        answer = self.call(
+            "TransactGetItems",
+            self.client.transact_get_items,
+            TransactItems=[
+                {"Get": {"TableName": self.name, "Key": {k: {"S": v} for k, v in key.items()}}} for key in unique
+            ],
+        )
+        return [r["Item"] for r in answer.get("Responses", []) if r.get("Item")]
+
+    def get_many(self, keys: Sequence[Mapping[str, str]]) -> list[Item]:
+        """Consistent ``BatchGetItem`` of any number of keys (100 at a time, unprocessed keys retried)."""
+        wanted = [{k: {"S": v} for k, v in key.items()} for key in {tuple(sorted(k.items())): k for k in keys}.values()]
+        found: list[Item] = []
+        delay = 0.05
+        while wanted:
+            batch, wanted = wanted[:100], wanted[100:]
+            request: dict[str, Any] = {self.name: {"Keys": batch, "ConsistentRead": True}}
+            while request:
+                answer = self.call("BatchGetItem", self.client.batch_get_item, RequestItems=request)
+                found.extend(answer.get("Responses", {}).get(self.name, []))
+                request = answer.get("UnprocessedKeys") or {}
+                if request:
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 1.0)
+        return found
+
+    def query(self, what: str, **kwargs: Any) -> Iterator[Item]:
+        """Every item of a ``Query``, page after page (consistent unless an index is named)."""
+        request = {"TableName": self.name, **kwargs}
+        if "IndexName" not in request:
+            request.setdefault("ConsistentRead", True)
+        while True:
+            answer = self.call(what, self.client.query, **request)
+            yield from answer.get("Items", [])
+            last = answer.get("LastEvaluatedKey")
+            if not last:
+                return
+            request["ExclusiveStartKey"] = last
+
+    def partition(self, pk: str, prefix: str | None = None, *, what: str = "Query") -> Iterator[Item]:
+        """The items of partition ``pk`` (whose sort key starts with ``prefix``), in sort-key order."""
+        if prefix is None:
+            return self.query(what, KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": {"S": pk}})
+        return self.query(
+            what,
+            KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
+            ExpressionAttributeValues={":pk": {"S": pk}, ":p": {"S": prefix}},
+        )
+
+    # -- writes ------------------------------------------------------------------------------------------------------
+
+    def transact(self, what: str, actions: Sequence[Mapping[str, Any]]) -> None:
+        """One ``TransactWriteItems``: all or nothing; Cancelled when a condition failed."""
+        self.call(what, self.client.transact_write_items, TransactItems=list(actions))
+
+    def update(self, what: str, **kwargs: Any) -> Item:
+        answer = self.call(what, self.client.update_item, TableName=self.name, **kwargs)
+        attributes: Item = answer.get("Attributes", {})
+        return attributes
+
+    def delete(self, key: Mapping[str, str], **kwargs: Any) -> None:
+        self.call(
+            "DeleteItem",
+            self.client.delete_item,
+            TableName=self.name,
+            Key={k: {"S": v} for k, v in key.items()},
+            **kwargs,
+        )
+
+    def delete_many(self, keys: Sequence[Mapping[str, Any]]) -> None:
+        """``BatchWriteItem`` deletes, 25 at a time, unprocessed ones retried (``keys`` are typed key attributes)."""
+        pending = [{"DeleteRequest": {"Key": dict(key)}} for key in keys]
+        delay = 0.05
+        while pending:
+            batch, pending = pending[:25], pending[25:]
+            request: dict[str, Any] = {self.name: batch}
+            while request:
+                answer = self.call("BatchWriteItem", self.client.batch_write_item, RequestItems=request)
+                request = answer.get("UnprocessedItems") or {}
+                if request:
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 1.0)

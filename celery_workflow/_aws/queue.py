@@ -1,0 +1,416 @@
+"""Deliveries of the AWS World: ``QUEUE#`` records in DynamoDB, messages on SQS, schedules in EventBridge Scheduler
+(not part of the public API; seed "Queue delivery").
+
+A delivery is a ``QUEUE#<id>`` record holding its payload (the Celery message), queue, run and due time, written in
+the same transaction as the append that made it, and a message that points at the record:
+
+* due within 15 minutes: ``SendMessage`` (``DelaySeconds`` when due later than now), on a standard queue;
+* due later, or delayed at all on a FIFO queue: a one-time schedule ``celery-workflow-<id>`` in the Scheduler group
+  that sends the same body to the queue at the due time and is deleted after it runs; without a Scheduler such a
+  delivery is a :class:`~celery_workflow.errors.ConfigurationError`;
+* FIFO queues: ``MessageGroupId`` = the run id (one delivery of a run at a time), ``MessageDeduplicationId`` = the
+  delivery id; bodies carry a unique ``publish`` field so the content-based deduplication the Scheduler relies on
+  never drops a second publication of the same delivery.
+
+Publishing is not atomic with the append. Each append that creates records also lists them in its run's ``outbox``
+(in the same transaction); once published they leave it. A record left in an outbox (the writer died between its
+commit and its publication) is published again when a delivery of that run is received again (a redelivery, or a
+message whose record is gone) or when the run is started again: nothing waits forever on a message never sent.
+
+Receiving (``accept``): a message whose body is not ours, or whose record is gone, is acknowledged; one that arrives
+before its record is due is sent again with the remaining delay; an ``expire`` record runs the run's retention
+expiry. Otherwise the record's claim counter is bumped and the delivery is handed out with a receipt
+``sqs|<queue>|<id>|<claim>|<receipt handle>``: ack, release, retry and extend act only while that claim is the
+record's current one, so a stale receipt changes nothing even though SQS would honour an old receipt handle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from celery_workflow import ids
+from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
+from celery_workflow._aws.dynamo import ConditionFailed, Table
+from celery_workflow._aws.items import from_item, to_item
+from celery_workflow._aws.table import META, queue_pk, run_pk
+from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
+from celery_workflow.world import ClaimedDelivery, Delivery
+
+if TYPE_CHECKING:
+    from celery_workflow._aws.world import AWSWorld
+
+__all__ = ["Receipt", "Record", "SQSQueue", "body_of", "schedule_name"]
+
+log = logging.getLogger("celery_workflow.aws")
+
+#: Marks a message body as ours (its value is the body format's version).
+BODY_KEY = "celery_workflow"
+SCHEDULE_PREFIX = "celery-workflow-"
+#: A message that arrives at most this early is delivered anyway (SQS delays are whole seconds).
+EARLY_TOLERANCE = timedelta(seconds=1)
+MAX_VISIBILITY = 12 * 3600
+
+
+def schedule_name(delivery_id: str) -> str:
+    return f"{SCHEDULE_PREFIX}{delivery_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A ``QUEUE#`` record: one delivery (``kind`` ``delivery``) or a run's expiry (``kind`` ``expire``)."""
+
+    id: str
+    queue: str
+    payload: bytes
+    run_id: str | None
+    due: datetime
+    kind: str = "delivery"
+    claim: int = 0
+    idempotency_key: str | None = None
+
+    @classmethod
+    def of(cls, delivery: Delivery, now: datetime) -> Record:
+        due = ids.to_utc(delivery.not_before) if delivery.not_before is not None else now
+        return cls(ids.ulid(), delivery.queue, bytes(delivery.payload), delivery.run_id, due, "delivery", 0,
+                   delivery.idempotency_key)  # fmt: skip
+
+    def item(self) -> dict[str, Any]:
+        return to_item(
+            {
+                "pk": queue_pk(self.id),
+                "sk": META,
+                "id": self.id,
+                "queue": self.queue,
+                "payload": self.payload,
+                "run_id": self.run_id,
+                "due": ids.to_micros(self.due),
+                "kind": self.kind,
+                "claim": self.claim,
+                "idempotency_key": self.idempotency_key,
+                "created_at": ids.to_micros(ids.utcnow()),
+            }
+        )
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> Record:
+        v = from_item(item)
+        return cls(
+            str(v["id"]), str(v["queue"]), bytes(v.get("payload", b"")), v.get("run_id"),
+            ids.from_micros(int(v["due"])), str(v.get("kind", "delivery")), int(v.get("claim", 0)),
+            v.get("idempotency_key"),
+        )  # fmt: skip
+
+    def body(self) -> str:
+        """The message that points at this record (a fresh ``publish`` id each time it is sent)."""
+        return json.dumps({BODY_KEY: 1, "id": self.id, "run": self.run_id, "publish": ids.ulid()})
+
+
+def body_of(text: str) -> tuple[str, str | None] | None:
+    """``(record id, run id)`` of one of our message bodies, or None for a body that is not ours."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get(BODY_KEY) != 1 or not isinstance(data.get("id"), str):
+        return None
+    run = data.get("run")
+    return data["id"], run if isinstance(run, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What a claim's receipt string carries."""
+
+    queue: str
+    id: str
+    claim: int
+    handle: str
+
+    def __str__(self) -> str:
+        return f"sqs|{self.queue}|{self.id}|{self.claim}|{self.handle}"
+
+    @classmethod
+    def parse(cls, text: str) -> Receipt:
+        try:
+            tag, queue, record, claim, handle = text.split("|", 4)
+            if tag != "sqs" or not handle:
+                raise ValueError(text)
+            return cls(queue, record, int(claim), handle)
+        except (AttributeError, ValueError) as exc:
+            raise WorldError(f"malformed AWS World receipt {text!r}") from exc
+
+
+class SQSQueue:
+    """The queue facet of an :class:`~celery_workflow._aws.world.AWSWorld`."""
+
+    def __init__(self, world: AWSWorld, sqs: Any) -> None:
+        self.world = world
+        self.sqs = sqs
+
+    @property
+    def config(self) -> AWSConfig:
+        return self.world.config
+
+    @property
+    def table(self) -> Table:
+        return self.world.table
+
+    # -- SQS calls ---------------------------------------------------------------------------------------------------
+
+    def _sqs(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(**kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("ReceiptHandleIsInvalid", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
+                if "Receipt" in code:
+                    return None  # the message is gone (deleted, or its receipt expired): nothing to do
+                raise WorldError(f"SQS {what}: queue not found ({exc})") from exc
+            if code in ("ThrottlingException", "RequestThrottled", "ServiceUnavailable", "InternalError",
+                        "KmsThrottled", "OverLimit"):  # fmt: skip
+                raise WorldUnavailable(f"SQS {what}: {code}") from exc
+            raise WorldError(f"SQS {what}: {code}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise WorldUnavailable(f"SQS {what}: {exc}") from exc
+
+    def _scheduler(self, what: str, fn: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(**kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "ConflictException":
+                return None  # already scheduled (a second publication of the same delivery)
+            if code in ("ThrottlingException", "ServiceQuotaExceededException", "InternalServerException"):
+                raise WorldUnavailable(f"Scheduler {what}: {code}") from exc
+            raise WorldError(f"Scheduler {what}: {code}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise WorldUnavailable(f"Scheduler {what}: {exc}") from exc
+
+    # -- publishing --------------------------------------------------------------------------------------------------
+
+    def check(self, deliveries: Iterable[Delivery]) -> None:
+        """Refuse, before anything is written, a delivery this config cannot publish: an unknown queue, or a delay
+        the queue cannot take without a Scheduler."""
+        now = ids.utcnow()
+        for d in deliveries:
+            queue = self.world.queue_config(d.queue)
+            if self.config.scheduler is None and d.not_before is not None:
+                delay = ids.to_utc(d.not_before) - now
+                if delay > MAX_SQS_DELAY:
+                    raise ConfigurationError(
+                        f"a delivery due in {delay} needs the Scheduler (SQS delays stop at 15 minutes); configure"
+                        " AWSConfig(scheduler=…)"
+                    )
+                if queue.fifo and delay > timedelta(0):  # pragma: no cover - refused at configuration already
+                    raise ConfigurationError(f"queue {d.queue!r} is FIFO: delayed deliveries need the Scheduler")
+
+    def publish(self, run_id: str, records: Sequence[Record]) -> None:
+        """Send the messages of records an append of ``run_id`` wrote, then take them out of its outbox."""
+        now = ids.utcnow()
+        for record in records:
+            self.send(record, now=now)
+        self.clear_outbox(run_id, [r.id for r in records])
+
+    def send(self, record: Record, *, now: datetime | None = None) -> None:
+        """Put one record's message on its queue now or later (see the module docstring)."""
+        queue = self.world.queue_config(record.queue)
+        delay = record.due - (now or ids.utcnow())
+        group = record.run_id or record.id
+        if delay > MAX_SQS_DELAY or (queue.fifo and delay >= EARLY_TOLERANCE):
+            self.schedule(record, queue, group)
+            return
+        kwargs: dict[str, Any] = {"QueueUrl": queue.url, "MessageBody": record.body()}
+        if queue.fifo:
+            kwargs.update(MessageGroupId=group, MessageDeduplicationId=record.id)
+        elif delay > timedelta(0):
+            kwargs["DelaySeconds"] = min(900, math.ceil(delay.total_seconds()))
+        self._sqs("SendMessage", self.sqs.send_message, **kwargs)
+
+    def schedule(self, record: Record, queue: QueueConfig, group: str) -> None:
+        scheduler = self.config.scheduler
+        if scheduler is None:
+            raise ConfigurationError(
+                f"delivery {record.id} is due at {ids.isoformat(record.due)}: more than 15 minutes ahead (or delayed"
+                " on a FIFO queue) needs the Scheduler; configure AWSConfig(scheduler=…)"
+            )
+        target: dict[str, Any] = {"Arn": queue.arn, "RoleArn": scheduler.role_arn, "Input": record.body()}
+        if queue.fifo:
+            target["SqsParameters"] = {"MessageGroupId": group}
+        self._scheduler(
+            "CreateSchedule",
+            scheduler.client.create_schedule,
+            Name=schedule_name(record.id),
+            GroupName=scheduler.group,
+            ScheduleExpression=f"at({record.due:%Y-%m-%dT%H:%M:%S})",
+            ScheduleExpressionTimezone="UTC",
+            FlexibleTimeWindow={"Mode": "OFF"},
+            Target=target,
+            ActionAfterCompletion="DELETE",
+        )
+
+    def republish(self, run_id: str) -> int:
+        """Publish again the records still in the run's outbox (their writer died before sending them); how many."""
+        meta = self.table.get({"pk": run_pk(run_id), "sk": META})
+        outbox = sorted((from_item(meta).get("outbox") or {}) if meta else {})
+        if not outbox:
+            return 0
+        found = self.table.get_many([{"pk": queue_pk(i), "sk": META} for i in outbox])
+        records = [Record.from_item(item) for item in found]
+        for record in records:
+            self.send(record)
+        self.clear_outbox(run_id, outbox)
+        if records:
+            log.warning("run %s: published %d delivery(ies) left unsent by a writer that stopped", run_id, len(records))
+        return len(records)
+
+    def clear_outbox(self, run_id: str, record_ids: Sequence[str]) -> None:
+        """Take published records out of the run's outbox (best effort: a leftover is only published again)."""
+        if not record_ids:
+            return
+        names = {f"#o{i}": rid for i, rid in enumerate(record_ids)}
+        try:
+            self.table.update(
+                "UpdateItem (outbox)",
+                Key={"pk": {"S": run_pk(run_id)}, "sk": {"S": META}},
+                UpdateExpression="REMOVE " + ", ".join(f"outbox.{n}" for n in names),
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeNames=names,
+            )
+        except (ConditionFailed, WorldError) as exc:  # the run is gone, or DynamoDB is busy: leftovers are harmless
+            log.debug("cannot clear the outbox of run %s: %s", run_id, exc)
+
+    # -- the World's queue methods -----------------------------------------------------------------------------------
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Write the records, then send their messages. SQS standard queues do not deduplicate: always True."""
+        self.check(deliveries)
+        now = ids.utcnow()
+        records = [Record.of(d, now) for d in deliveries]
+        for start in range(0, len(records), 25):
+            self.table.transact("TransactWriteItems (enqueue)", [
+                {"Put": {"TableName": self.table.name, "Item": r.item()}} for r in records[start : start + 25]
+            ])  # fmt: skip
+        for record in records:
+            self.send(record, now=now)
+        return [True] * len(records)
+
+    def claim(self, queues: Sequence[str], *, limit: int, lease: float) -> list[ClaimedDelivery]:
+        """Receive up to ``limit`` messages from the queues in turn and accept them (see :meth:`accept`)."""
+        out: list[ClaimedDelivery] = []
+        for name in dict.fromkeys(queues):
+            queue = self.world.queue_config(name)
+            while len(out) < limit:
+                answer = self._sqs(
+                    "ReceiveMessage",
+                    self.sqs.receive_message,
+                    QueueUrl=queue.url,
+                    MaxNumberOfMessages=min(10, limit - len(out)),
+                    VisibilityTimeout=visibility(lease),
+                    AttributeNames=["ApproximateReceiveCount"],
+                    WaitTimeSeconds=0,
+                )
+                messages = (answer or {}).get("Messages", [])
+                if not messages:
+                    break
+                for message in messages:
+                    count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+                    claimed = self.accept(name, message["ReceiptHandle"], message.get("Body", ""), count)
+                    if claimed is not None:
+                        out.append(claimed)
+        return out
+
+    def accept(self, queue: str, handle: str, body: str, receive_count: int) -> ClaimedDelivery | None:
+        """Take one received message: None when it was handled here and acknowledged (not ours, record gone, early,
+        an expiry), else the claimed delivery."""
+        parsed = body_of(body)
+        if parsed is None:
+            log.warning("acknowledging a message on %r that is not a celery_workflow delivery: %.200r", queue, body)
+            self.delete_message(queue, handle)
+            return None
+        record_id, run_id = parsed
+        try:
+            item = self.table.update(
+                "UpdateItem (claim)",
+                Key={"pk": {"S": queue_pk(record_id)}, "sk": {"S": META}},
+                UpdateExpression="SET claim = claim + :one",
+                ConditionExpression="attribute_exists(pk)",
+                ExpressionAttributeValues={":one": {"N": "1"}},
+                ReturnValues="ALL_NEW",
+            )
+        except ConditionFailed:
+            if run_id is not None:  # done already; its writer may have died before sending what it queued
+                self.republish(run_id)
+            self.delete_message(queue, handle)
+            return None
+        record = Record.from_item(item)
+        if record.kind == "expire":
+            if self.world.expire_run(record):
+                self.table.delete({"pk": queue_pk(record.id), "sk": META})
+                self.delete_message(queue, handle)
+            return None
+        now = ids.utcnow()
+        if record.due - now > EARLY_TOLERANCE:  # arrived early (a long delay in steps of 15 minutes)
+            self.send(record, now=now)
+            self.delete_message(queue, handle)
+            return None
+        if receive_count > 1 and record.run_id is not None:
+            self.republish(record.run_id)
+        receipt = Receipt(queue, record.id, record.claim, handle)
+        return ClaimedDelivery(str(receipt), queue, record.payload, receive_count, record.run_id)
+
+    def ack(self, receipt: str) -> None:
+        """Delete the record (unless someone claimed it since) and the message."""
+        r = Receipt.parse(receipt)
+        if self.delete_record(r):
+            self.delete_message(r.queue, r.handle)
+
+    def delete_record(self, r: Receipt) -> bool:
+        """Delete the record of this claim; False when another claim holds it (the receipt is stale)."""
+        try:
+            self.table.delete(
+                {"pk": queue_pk(r.id), "sk": META},
+                ConditionExpression="attribute_not_exists(pk) OR claim = :claim",
+                ExpressionAttributeValues={":claim": {"N": str(r.claim)}},
+            )
+        except ConditionFailed:
+            return False
+        return True
+
+    def held(self, receipts: Sequence[Receipt]) -> list[Receipt]:
+        """The receipts whose claim is still their record's current one."""
+        if not receipts:
+            return []
+        found = self.table.get_many([{"pk": queue_pk(r.id), "sk": META} for r in receipts])
+        claims = {Record.from_item(item).id: Record.from_item(item).claim for item in found}
+        return [r for r in receipts if claims.get(r.id) == r.claim]
+
+    def set_visibility(self, receipts: Sequence[str], seconds: float) -> None:
+        for r in self.held([Receipt.parse(text) for text in receipts]):
+            self._sqs(
+                "ChangeMessageVisibility",
+                self.sqs.change_message_visibility,
+                QueueUrl=self.world.queue_config(r.queue).url,
+                ReceiptHandle=r.handle,
+                VisibilityTimeout=visibility(seconds),
+            )
+
+    def delete_message(self, queue: str, handle: str) -> None:
+        self._sqs(
+            "DeleteMessage",
+            self.sqs.delete_message,
+            QueueUrl=self.world.queue_config(queue).url,
+            ReceiptHandle=handle,
+        )
+
+
+def visibility(seconds: float) -> int:
+    """An SQS visibility timeout: whole seconds, 0 to 12 hours."""
+    return max(0, min(MAX_VISIBILITY, math.ceil(seconds)))

@@ -1,0 +1,150 @@
+"""The AWS World's table: one DynamoDB table with string keys ``pk``/``sk`` and two global secondary indexes.
+
+=================================  =======================  ====================================================
+item                               ``pk``                   ``sk``
+=================================  =======================  ====================================================
+run view and event count           ``RUN#<runId>``          ``META``
+event                              ``RUN#<runId>``          ``EVENT#<slot, 26 digits>``
+step view                          ``RUN#<runId>``          ``STEP#<stepId>``
+wait view                          ``RUN#<runId>``          ``WAIT#<waitId>``
+stream state                       ``RUN#<runId>``          ``STREAM#<base64url(name)>``
+stream chunk                       ``RUN#<runId>``          ``CHUNK#<base64url(name)>#<index, 10 digits>``
+hook (live)                        ``HOOK#<runId>#<hookId>``  ``META``
+token owner                        ``TOKEN#<token>``        ``META``
+queue record                       ``QUEUE#<deliveryId>``   ``META``
+=================================  =======================  ====================================================
+
+Hook ids are per run here (``hook:1``, ``hook:2`` … in every run), so the hook item's key carries the run id: the
+seed's ``HOOK#<hookId>`` would make two runs' first hooks one item. Indexes (both project only the keys and
+``status``): ``list`` (``list_pk`` = ``RUNS`` or ``HOOKS``) and ``list_group`` (``list_group_pk`` =
+``RUNS#<workflow>`` or ``HOOKS#<runId>``), sorted by ``<createdAt, 16 digits of µs>#<id>``. Index membership is
+eventually consistent; every other read is a consistent read of the base table.
+
+Limits (DynamoDB's): 400 KB per item, 100 actions per transaction; a stream write holds at most 99 chunks (with the
+stream's state, 100 actions).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from celery_workflow.errors import WorldError
+
+__all__ = [
+    "MAX_ACTIONS",
+    "MAX_CHUNKS_PER_WRITE",
+    "MAX_ITEM_BYTES",
+    "chunk_sk",
+    "create_table",
+    "event_sk",
+    "hook_pk",
+    "list_sk",
+    "queue_pk",
+    "run_pk",
+    "stream_sk",
+    "table_definition",
+    "token_pk",
+]
+
+MAX_ITEM_BYTES = 400 * 1024
+MAX_ACTIONS = 100
+MAX_CHUNKS_PER_WRITE = 99
+META = "META"
+
+
+def run_pk(run_id: str) -> str:
+    return f"RUN#{run_id}"
+
+
+def event_sk(slot: int) -> str:
+    return f"EVENT#{slot:026d}"
+
+
+def step_sk(step_id: str) -> str:
+    return f"STEP#{step_id}"
+
+
+def wait_sk(wait_id: str) -> str:
+    return f"WAIT#{wait_id}"
+
+
+def _b64(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode().rstrip("=")
+
+
+def stream_sk(name: str) -> str:
+    return f"STREAM#{_b64(name)}"
+
+
+def chunk_prefix(name: str) -> str:
+    return f"CHUNK#{_b64(name)}#"
+
+
+def chunk_sk(name: str, index: int) -> str:
+    return f"{chunk_prefix(name)}{index:010d}"
+
+
+def hook_pk(run_id: str, hook_id: str) -> str:
+    return f"HOOK#{run_id}#{hook_id}"
+
+
+def token_pk(token: str) -> str:
+    return f"TOKEN#{token}"
+
+
+def queue_pk(delivery_id: str) -> str:
+    return f"QUEUE#{delivery_id}"
+
+
+def list_sk(created_micros: int, *ids: str) -> str:
+    """The sort key of both indexes: creation time (µs, zero-padded so text order is time order), then the ids."""
+    return "#".join((f"{created_micros:016d}", *ids))
+
+
+def table_definition(name: str) -> dict[str, Any]:
+    """The ``CreateTable`` request of the World's table: on-demand, with the ``list`` and ``list_group`` indexes."""
+    keys = ("pk", "sk", "list_pk", "list_sk", "list_group_pk", "list_group_sk")
+
+    def index(index_name: str, hash_key: str, range_key: str) -> dict[str, Any]:
+        return {
+            "IndexName": index_name,
+            "KeySchema": [
+                {"AttributeName": hash_key, "KeyType": "HASH"},
+                {"AttributeName": range_key, "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["status"]},
+        }
+
+    return {
+        "TableName": name,
+        "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+        "AttributeDefinitions": [{"AttributeName": key, "AttributeType": "S"} for key in keys],
+        "GlobalSecondaryIndexes": [
+            index("list", "list_pk", "list_sk"),
+            index("list_group", "list_group_pk", "list_group_sk"),
+        ],
+        "BillingMode": "PAY_PER_REQUEST",
+        "SSESpecification": {"Enabled": True},
+    }
+
+
+def create_table(client: Any, name: str, *, timeout: float = 300.0, poll: float = 1.0) -> None:
+    """Create the World's table (``client``: a boto3 DynamoDB client) and wait until it is active.
+
+    An existing table is left as it is and waited for. WorldError when it is not active within ``timeout`` seconds.
+    """
+    try:
+        client.create_table(**table_definition(name))
+    except client.exceptions.ResourceInUseException:
+        pass  # it exists (or is being created): wait for it like for a new one
+    deadline = time.monotonic() + timeout
+    while True:
+        table = client.describe_table(TableName=name)["Table"]
+        indexes = table.get("GlobalSecondaryIndexes", [])
+        if table.get("TableStatus") == "ACTIVE" and all(i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes):
+            return
+        if time.monotonic() > deadline:
+            raise WorldError(f"DynamoDB table {name} is not active after {timeout:.0f} s ({table.get('TableStatus')})")
+        time.sleep(poll)

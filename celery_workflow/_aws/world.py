@@ -1,0 +1,375 @@
+"""The AWS World: workflow state in one DynamoDB table, deliveries on SQS (seed ``aws-world.txt``).
+
+``AWSWorld(config, dynamodb_client, sqs_client)`` makes no AWS call; the clients carry the region, credentials,
+retry policy and endpoint (boto3 clients built with no arguments honour ``AWS_ENDPOINT_URL``, so the same code runs
+against AWS and an emulator). :meth:`AWSWorld.from_env` builds all of it from the Terraform module's ``environment``
+output.
+
+Guarantees (the table layout is in :mod:`celery_workflow._aws.table`):
+
+* **Appends** follow the template of :mod:`celery_workflow._backend.template` with the steps of
+  :mod:`celery_workflow._aws.append`: one ``TransactWriteItems`` conditioned on the run's event count, so any number
+  of processes and Lambda functions can share a run: concurrent writers never lose or reorder events (a loser
+  retries on fresh reads, with jittered backoff). A rejected batch writes nothing.
+* **Reads** are consistent reads of the base table; listings read an index (eventually consistent: a run created a
+  moment ago may be missing) and then fetch the items with a consistent ``BatchGetItem``.
+* **Deliveries** (:mod:`celery_workflow._aws.queue`): ``QUEUE#`` records written with the append, then SQS messages
+  or Scheduler schedules; an outbox on the run makes a publication its writer never made happen later. Standard SQS
+  does not order, deduplicate or keep sub-second times: :attr:`AWSWorld.capabilities` says so.
+* **Limits**: an item over 400 KB is :class:`~celery_workflow.errors.EventTooLarge` (an ``EventInvalid``); an append
+  needing more than 100 actions is ``EventInvalid``; throttling and service errors are
+  :class:`~celery_workflow.errors.WorldUnavailable`, never a lost write.
+* **Retention**: a terminal append queues ``QUEUE#expire-<runId>``, due the workflow's retention later; its delivery
+  deletes the run's hooks, tokens and partition, the run's view last, so a cleanup cut short is retried while the run
+  still exists. Pending and running runs never expire.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery_workflow import events as rules
+from celery_workflow import ids
+from celery_workflow._aws.append import AWSAppend
+from celery_workflow._aws.config import AWSConfig, QueueConfig
+from celery_workflow._aws.dynamo import Cancelled, Table
+from celery_workflow._aws.items import event_item, from_item, item_size, run_item, run_of, to_item, view_of
+from celery_workflow._aws.queue import Record, SQSQueue
+from celery_workflow._aws.streams import AWSStreams
+from celery_workflow._aws.table import MAX_ITEM_BYTES, META, hook_pk, run_pk, step_sk, token_pk
+from celery_workflow._backend import template
+from celery_workflow._backend.base import TemplateWorld
+from celery_workflow._backend.checks import check_deliveries
+from celery_workflow._backend.listing import RunFilter
+from celery_workflow._backend.waiting import wait_until
+from celery_workflow.errors import ConfigurationError, EventTooLarge, HookNotFound, RunNotFound, StepNotFound
+from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
+from celery_workflow.world import (
+    BrokerSpec,
+    Capabilities,
+    ClaimedDelivery,
+    Delivery,
+    NewRun,
+    Page,
+    StreamPage,
+    Upkeep,
+)
+
+__all__ = ["AWSWorld"]
+
+
+class AWSWorld(TemplateWorld):
+    """A World in DynamoDB and SQS (and EventBridge Scheduler for long delays). Thread-safe.
+
+    ``dynamodb_client`` and ``sqs_client`` are boto3 clients (``boto3.client("dynamodb")``, ``…("sqs")``); the
+    Scheduler's client is in ``config.scheduler``.
+    """
+
+    #: Standard SQS does not order claims, keeps whole seconds and does not deduplicate; the indexes behind
+    #: ``list_runs`` are eventually consistent.
+    capabilities = Capabilities(
+        ordered_claims=False, subsecond_times=False, dedup_pending=False, consistent_listings=False
+    )
+
+    def __init__(self, config: AWSConfig, dynamodb_client: Any, sqs_client: Any) -> None:
+        if not isinstance(config, AWSConfig):
+            raise ConfigurationError(f"AWSWorld needs an AWSConfig, got {type(config).__name__}")
+        self.config = config
+        self.poll_interval = config.poll_interval
+        self.routes: Mapping[str, str] = MappingProxyType(dict(config.routes))
+        self.table = Table(dynamodb_client, config.table_name)
+        self.queue = SQSQueue(self, sqs_client)
+        self.streams = AWSStreams(self)
+        self._steps = AWSAppend(self)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> AWSWorld:
+        """The World the Terraform module's ``environment`` output describes (``AWSConfig.from_env``), with boto3
+        clients built from the environment (region, credentials, ``AWS_ENDPOINT_URL``)."""
+        import boto3
+
+        config = AWSConfig.from_env(environ, **overrides)
+        return cls(config, boto3.client("dynamodb"), boto3.client("sqs"))
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> AWSWorld:
+        """``aws://``: the World of this environment (see :meth:`from_env`); ``options`` are AWSConfig fields."""
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "aws" or parts.netloc or parts.path.strip("/") or parts.query:
+            raise ConfigurationError(f"an AWS World URL is 'aws://' (its settings come from WORKFLOW_*), got {url!r}")
+        return cls.from_env(**options)
+
+    def __repr__(self) -> str:
+        return f"AWSWorld(table={self.config.table_name!r}, queue={self.config.queue_url!r})"
+
+    @property
+    def queue_names(self) -> frozenset[str]:
+        """The queues this World delivers to: Celery's default queue (``queue_url``) and ``config.queues``."""
+        return frozenset({self.config.default_queue, *self.config.queues})
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """The SQS queue named ``name``; ConfigurationError for a name the config does not know."""
+        return self.config.queue(name)
+
+    # -- storage: writes -----------------------------------------------------------------------------------------
+
+    def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
+        view, first = template.prepare_run(run, deliveries, ids.utcnow())
+        self.queue.check(deliveries)
+        records = [Record.of(d, view.created_at) for d in deliveries]
+        meta = {
+            **run_item(view),
+            **to_item({"created_hooks": {}, "outbox": {r.id: ids.to_micros(view.created_at) for r in records}}),
+        }
+        if item_size(meta) > MAX_ITEM_BYTES:
+            raise EventTooLarge(
+                f"run {run.run_id}'s view is {item_size(meta)} bytes; DynamoDB stores at most {MAX_ITEM_BYTES}"
+            )
+        actions: list[dict[str, Any]] = [
+            {"Put": {"TableName": self.table.name, "Item": meta, "ConditionExpression": "attribute_not_exists(pk)"}},
+            {"Put": {"TableName": self.table.name, "Item": event_item(first)}},
+        ]
+        actions += [{"Put": {"TableName": self.table.name, "Item": r.item()}} for r in records]
+        try:
+            self.table.transact("TransactWriteItems (create_run)", actions)
+        except Cancelled:
+            existing = self.table.get({"pk": run_pk(run.run_id), "sk": META})
+            if existing is None:  # pragma: no cover - deleted between the two calls
+                raise
+            found = template.existing_run(run_of(existing), run)
+            self.queue.republish(run.run_id)  # a start retried after its first publication failed
+            return found
+        self.queue.publish(run.run_id, records)
+        return view, True
+
+    # -- storage: reads ------------------------------------------------------------------------------------------
+
+    def _meta(self, run_id: str) -> dict[str, Any]:
+        item = self.table.get({"pk": run_pk(run_id), "sk": META})
+        if item is None:
+            raise RunNotFound(f"run {run_id} does not exist")
+        return item
+
+    def get_run(self, run_id: str) -> RunView:
+        return run_of(self._meta(run_id))
+
+    def get_run_with_events(self, run_id: str) -> tuple[RunView, list[Event]]:
+        """The run and its log: the view first, then the events up to its event count (a later append is left out,
+        so the two agree)."""
+        view = self.get_run(run_id)
+        log = self.list_events(run_id, limit=view.event_count)
+        return view, log[: view.event_count]
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> Page[RunView]:
+        """Runs newest first (by creation time) through an index, then their views by consistent reads. The cursor
+        is the index position of the last run returned."""
+        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit)
+        index, key, value = (
+            ("list", "list_pk", "RUNS") if workflow is None else ("list_group", "list_group_pk", f"RUNS#{workflow}")
+        )
+        names = {"#k": key, "#sk": "list_sk" if workflow is None else "list_group_sk"}
+        values: dict[str, Any] = {":k": {"S": value}}
+        condition = "#k = :k"
+        if cursor is not None:
+            condition += " AND #sk < :c"
+            values[":c"] = {"S": cursor}
+        query: dict[str, Any] = {
+            "IndexName": index,
+            "KeyConditionExpression": condition,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+            "ScanIndexForward": False,
+        }
+        if wanted.status is not None:
+            names["#s"] = "status"
+            values[":s"] = {"S": wanted.status.value}
+            query["FilterExpression"] = "#s = :s"
+        positions: list[tuple[str, str]] = []  # (run id, index sort key)
+        for item in self.table.query("Query (list_runs)", **query):
+            positions.append((item["pk"]["S"][len("RUN#") :], item[names["#sk"]]["S"]))
+            if len(positions) > limit:
+                break
+        page = positions[:limit]
+        found = {
+            run_of(i).run_id: run_of(i) for i in self.table.get_many([{"pk": run_pk(r), "sk": META} for r, _ in page])
+        }
+        items = [found[r] for r, _ in page if r in found and wanted.matches(found[r])]
+        return Page(items, page[-1][1] if len(positions) > limit and page else None)
+
+    def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
+        from celery_workflow._aws.items import event_of
+        from celery_workflow._aws.table import event_sk
+
+        out: list[Event] = []
+        if limit is None or limit > 0:
+            query = {
+                "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
+                "ExpressionAttributeValues": {
+                    ":pk": {"S": run_pk(run_id)},
+                    ":from": {"S": event_sk(after_slot + 1)},
+                    ":to": {"S": "EVENT#" + "9" * 26},
+                },
+            }
+            for item in self.table.query("Query (events)", **query):
+                out.append(event_of(item))
+                if limit is not None and len(out) >= limit:
+                    break
+        if not out:
+            self._meta(run_id)
+        return out
+
+    def get_step(self, run_id: str, step_id: str) -> StepView:
+        item = self.table.get({"pk": run_pk(run_id), "sk": step_sk(step_id)})
+        if item is None:
+            self._meta(run_id)
+            raise StepNotFound(f"step {step_id} of run {run_id} does not exist")
+        return view_of("steps", item)  # type: ignore[no-any-return]
+
+    def _in_partition(self, run_id: str, table: str, prefix: str) -> list[Any]:
+        """The step or wait views of a run, in creation order (their creation events' slots)."""
+        items = list(self.table.partition(run_pk(run_id), prefix, what=f"Query ({table})"))
+        if not items:
+            self._meta(run_id)
+        items.sort(key=_created_slot)
+        return [view_of(table, i) for i in items]
+
+    def list_steps(self, run_id: str) -> list[StepView]:
+        return self._in_partition(run_id, "steps", "STEP#")
+
+    def get_hook_by_token(self, token: str) -> HookView:
+        item = self.table.get({"pk": token_pk(token), "sk": META})
+        if item is None:
+            raise HookNotFound(f"no live hook owns token {token!r}")
+        return view_of("hooks", item)  # type: ignore[no-any-return]
+
+    def list_hooks(self, run_id: str) -> list[HookView]:
+        hooks = from_item(self._meta(run_id)).get("hooks") or {}
+        items = self.table.get_many([{"pk": hook_pk(run_id, h), "sk": META} for h in hooks])
+        return [view_of("hooks", i) for i in sorted(items, key=_created_slot)]
+
+    def list_waits(self, run_id: str) -> list[WaitView]:
+        return self._in_partition(run_id, "waits", "WAIT#")
+
+    def wait_for_terminal(self, run_id: str, timeout: float | None) -> RunView:
+        return wait_until(
+            lambda: self.get_run(run_id),
+            lambda view: view.status.terminal,
+            timeout=timeout,
+            poll_interval=self.poll_interval,
+            mark=lambda: None,
+            wait=lambda _mark, seconds: time.sleep(seconds),
+        )
+
+    # -- queue ---------------------------------------------------------------------------------------------------
+
+    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        check_deliveries(deliveries)
+        return self.queue.enqueue(deliveries) if deliveries else []
+
+    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
+        if lease <= 0:
+            raise ValueError("lease must be positive")
+        if limit <= 0:
+            return []
+        return self.queue.claim(queues, limit=limit, lease=lease)
+
+    def ack(self, receipt: str) -> None:
+        self.queue.ack(receipt)
+
+    def release(self, receipt: str) -> None:
+        self.queue.set_visibility([receipt], 0)
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        self.queue.set_visibility([receipt], max(delay, 0.0))
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        self.queue.set_visibility(receipts, lease)
+
+    # -- streams -------------------------------------------------------------------------------------------------
+
+    def write_stream(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
+        return self.streams.write(run_id, name, chunks)
+
+    def close_stream(self, run_id: str, name: str) -> None:
+        self.streams.close(run_id, name)
+
+    def read_stream(
+        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
+    ) -> StreamPage:
+        return self.streams.read(run_id, name, start=start, limit=limit, wait=wait)
+
+    def list_streams(self, run_id: str) -> list[str]:
+        return self.streams.names(run_id)
+
+    # -- retention -----------------------------------------------------------------------------------------------
+
+    def expiry_record(self, plan: rules.Plan) -> Record | None:
+        """The ``QUEUE#expire-<runId>`` record a terminal append writes, when the workflow's runs expire."""
+        keep = self.config.retention_of(plan.run.workflow_name)
+        if keep is None:
+            return None
+        ended = plan.run.completed_at or ids.utcnow()
+        return Record(
+            f"expire-{plan.run.run_id}", self.config.default_queue, b"", plan.run.run_id, ended + keep, "expire"
+        )
+
+    def expire_run(self, record: Record) -> bool:
+        """Delete an expired run: its hooks and their tokens, then every item of its partition, the view last. True
+        when the record is done (the run is gone, or it is not a finished run); False to try again later."""
+        run_id = record.run_id
+        if run_id is None:
+            return True
+        meta = self.table.get({"pk": run_pk(run_id), "sk": META})
+        if meta is None:
+            return True
+        run = run_of(meta)
+        if not run.status.terminal:
+            return True  # pending and running runs never expire
+        keep = self.config.retention_of(run.workflow_name)
+        if keep is None:
+            return True  # retention was switched off meanwhile: the run is kept
+        if run.completed_at is not None and run.completed_at + keep > ids.utcnow() + timedelta(seconds=1):
+            self.queue.send(Record(record.id, record.queue, b"", run_id, run.completed_at + keep, "expire"))
+            return True
+        hooks = from_item(meta).get("hooks") or {}
+        keys: list[dict[str, Any]] = [{"pk": {"S": hook_pk(run_id, h)}, "sk": {"S": META}} for h in hooks]
+        keys += [{"pk": {"S": token_pk(t)}, "sk": {"S": META}} for t in hooks.values()]
+        keys += [
+            {"pk": item["pk"], "sk": item["sk"]}
+            for item in self.table.partition(run_pk(run_id), what="Query (expire)")
+            if item["sk"]["S"] != META
+        ]
+        self.table.delete_many(keys)
+        self.table.delete({"pk": run_pk(run_id), "sk": META})
+        return True
+
+    # -- wiring --------------------------------------------------------------------------------------------------
+
+    def broker(self) -> BrokerSpec:
+        raise ConfigurationError(
+            "Celery workers do not consume the AWS World's queues yet: run deliveries with the Lambda queue handler"
+            " (celery_workflow.aws_lambda.queue_handler) and build Workflows(..., configure_broker=False)"
+        )
+
+    def start_upkeep(self) -> Upkeep | None:
+        """None: the AWS World's upkeep (retention) travels as deliveries."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to close: the boto3 clients are the caller's."""
+
+
+def _created_slot(item: Mapping[str, Any]) -> int:
+    return int(item.get("created_slot", {}).get("N", "0"))
