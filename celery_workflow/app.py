@@ -16,13 +16,14 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from kombu import serialization
 
 from celery_workflow.client import Run
-from celery_workflow.errors import ConfigurationError
+from celery_workflow.errors import ConfigurationError, PayloadError
 from celery_workflow.events import HookView, RunStatus
 from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
@@ -40,12 +41,40 @@ log = logging.getLogger("celery_workflow")
 DEFAULT_URL = "sqlite:///celery_workflow.sqlite3"
 
 
+WORKFLOW_TASK_PREFIX = "workflow."
+STEP_TASK_PREFIX = "step."
+
+
 def workflow_task_name(name: str) -> str:
-    return f"workflow.{name}"
+    return f"{WORKFLOW_TASK_PREFIX}{name}"
 
 
 def step_task_name(name: str) -> str:
-    return f"step.{name}"
+    return f"{STEP_TASK_PREFIX}{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMessage:
+    """A decoded delivery: the Celery task name, its id and its positional arguments."""
+
+    name: str
+    id: str
+    args: list[Any]
+
+
+def decode_message(payload: bytes) -> TaskMessage:
+    """The task of a stored virtual-transport message (what :func:`build_message` writes); PayloadError when the
+    bytes are not one."""
+    try:
+        message = json.loads(payload)
+        headers = message["headers"]
+        body = message["body"]
+        if (message.get("properties") or {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args, _kwargs, _embed = json.loads(body)
+        return TaskMessage(name=str(headers["task"]), id=str(headers["id"]), args=list(args))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PayloadError(f"not a Celery task message: {exc}") from exc
 
 
 class CeleryDispatcher:
@@ -353,6 +382,21 @@ class Workflows:
     def resume_hook(self, token: str, payload: Any = None) -> HookView:
         """Deliver ``payload`` to the hook with ``token`` and wake its run. HookNotFound if no live hook has it."""
         return self.runtime.resume_hook(token, payload)
+
+    def handle_delivery(self, payload: bytes, claim: Claim | None = None, *, inline_until: float | None = None) -> str:
+        """Run one stored delivery of this app (a workflow or step task message) without a Celery worker, as the
+        Lambda queue handler and ``testing.LocalWorker`` do; returns what the handler did. ``claim``: the
+        transport's claim (its receipt acks the delivery with the last write); ``inline_until``: see
+        :meth:`Runtime.handle_workflow`. ConfigurationError for a message that is not a task of this app's workflows
+        or steps (a plain Celery task needs a Celery worker)."""
+        task = decode_message(payload)
+        if task.name.startswith(WORKFLOW_TASK_PREFIX) and len(task.args) == 1:
+            return self.runtime.handle_workflow(
+                str(task.args[0]), delivery_id=task.id, claim=claim, inline_until=inline_until
+            )
+        if task.name.startswith(STEP_TASK_PREFIX) and len(task.args) == 2:
+            return self.runtime.handle_step(str(task.args[0]), str(task.args[1]), delivery_id=task.id, claim=claim)
+        raise ConfigurationError(f"task {task.name!r} is not a workflow or step delivery; it needs a Celery worker")
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.runtime.cancel(run_id, reason)

@@ -1,6 +1,6 @@
 """How the AWS World writes a batch (not part of the public API): the append template's steps on DynamoDB.
 
-``load`` reads, in one ``TransactGetItems`` (one point in time), the run's ``META`` item (view, event count, live hooks, created
+``load`` reads (one ``TransactGetItems``, or ``META`` first and then the rest) the run's ``META`` item (view, event count, live hooks, created
 hook ids, outbox) and the items the batch names: its steps, waits and hooks, the owners of the tokens it claims, and
 the ``QUEUE#`` record it acks (plus, when the batch may end the run, every wait of the run). ``write`` sends ONE
 ``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw, each event, each changed
@@ -134,14 +134,15 @@ class AWSAppend:
         receipt = Receipt.parse(request.ack) if request.ack is not None else None  # malformed: before any read
         world.queue.check(request.deliveries)
         pk = run_pk(run_id)
-        wanted = [{"pk": pk, "sk": META}]
+        wanted: list[dict[str, str]] = []
         wanted += [{"pk": pk, "sk": step_sk(s)} for s in keys.steps]
         wanted += [{"pk": pk, "sk": wait_sk(w)} for w in keys.waits]
         wanted += [{"pk": hook_pk(run_id, h), "sk": META} for h in keys.hooks]
         wanted += [{"pk": token_pk(t), "sk": META} for t in keys.tokens]
         if receipt is not None:
             wanted.append({"pk": queue_pk(receipt.id), "sk": META})
-        found = {(item["pk"]["S"], item["sk"]["S"]): item for item in world.table.get_atomic(wanted)}
+        read = world.table.get_snapshot({"pk": pk, "sk": META}, wanted)
+        found = {(item["pk"]["S"], item["sk"]["S"]): item for item in read}
         meta = found.get((pk, META))
         if meta is None:
             return Loaded(rules.Snapshot(None))

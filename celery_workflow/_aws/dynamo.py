@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-from celery_workflow.errors import EventInvalid, EventTooLarge, WorldError, WorldUnavailable
+from celery_workflow.errors import EventTooLarge, WorldError, WorldUnavailable
 
 __all__ = ["Cancelled", "ConditionFailed", "Table"]
 
@@ -120,20 +120,26 @@ class Table:
         found: Item | None = answer.get("Item")
         return found
 
-    def get_atomic(self, keys: Sequence[Mapping[str, str]]) -> list[Item]:
-        """Up to 100 items read together with ``TransactGetItems``: one serializable point in time (a
-        ``BatchGetItem`` reads each item at its own moment, which an optimistic append must not plan on)."""
-        unique = list({tuple(sorted(k.items())): k for k in keys}.values())
-        if len(unique) > 100:
-            raise EventInvalid(f"a batch naming {len(unique)} items cannot be read in one DynamoDB transaction (100)")
-        answer = self.call(
-            "TransactGetItems",
-            self.client.transact_get_items,
-            TransactItems=[
-                {"Get": {"TableName": self.name, "Key": {k: {"S": v} for k, v in key.items()}}} for key in unique
-            ],
-        )
-        return [r["Item"] for r in answer.get("Responses", []) if r.get("Item")]
+    def get_snapshot(self, first: Mapping[str, str], others: Sequence[Mapping[str, str]]) -> list[Item]:
+        """``first`` (a run's ``META``) and ``others``, read so that ``others`` are no older than ``first``.
+
+        An append plans on what this returns and commits only if ``first``'s event count is still the same, and every
+        change of the run moves that count; so ``first`` must not be read after the others (a change in between would
+        then go unnoticed). Up to 25 items are read together with ``TransactGetItems`` (one point in time; 25 is the
+        limit DynamoDB Local and moto keep); more are read as ``first``, then a ``BatchGetItem`` of the others.
+        """
+        keys = list({tuple(sorted(k.items())): k for k in [first, *others]}.values())
+        if len(keys) <= 25:
+            answer = self.call(
+                "TransactGetItems",
+                self.client.transact_get_items,
+                TransactItems=[
+                    {"Get": {"TableName": self.name, "Key": {k: {"S": v} for k, v in key.items()}}} for key in keys
+                ],
+            )
+            return [r["Item"] for r in answer.get("Responses", []) if r.get("Item")]
+        head = self.get(first)
+        return ([head] if head is not None else []) + self.get_many(keys[1:])
 
     def get_many(self, keys: Sequence[Mapping[str, str]]) -> list[Item]:
         """Consistent ``BatchGetItem`` of any number of keys (100 at a time, unprocessed keys retried)."""

@@ -393,14 +393,18 @@ class SQSQueue:
         return [r for r in receipts if claims.get(r.id) == r.claim]
 
     def set_visibility(self, receipts: Sequence[str], seconds: float) -> None:
+        """Change the visibility of the messages of the claims that are still their records' current ones."""
         for r in self.held([Receipt.parse(text) for text in receipts]):
-            self._sqs(
-                "ChangeMessageVisibility",
-                self.sqs.change_message_visibility,
-                QueueUrl=self.world.queue_config(r.queue).url,
-                ReceiptHandle=r.handle,
-                VisibilityTimeout=visibility(seconds),
-            )
+            self.change_visibility(r.queue, r.handle, seconds)
+
+    def change_visibility(self, queue: str, handle: str, seconds: float) -> None:
+        self._sqs(
+            "ChangeMessageVisibility",
+            self.sqs.change_message_visibility,
+            QueueUrl=self.world.queue_config(queue).url,
+            ReceiptHandle=handle,
+            VisibilityTimeout=visibility(seconds),
+        )
 
     def delete_message(self, queue: str, handle: str) -> None:
         self._sqs(

@@ -116,6 +116,29 @@ class AWSWorld(TemplateWorld):
         """The SQS queue named ``name``; ConfigurationError for a name the config does not know."""
         return self.config.queue(name)
 
+    def queue_of_arn(self, arn: str) -> str:
+        """The name (as routes use it) of the configured queue with this ARN (an SQS event's
+        ``eventSourceARN``); ConfigurationError for a queue the config does not know."""
+        sqs_name = arn.rsplit(":", 1)[-1]
+        for name in sorted(self.queue_names):
+            if self.queue_config(name).name == sqs_name:
+                return name
+        raise ConfigurationError(f"messages from {arn}: no queue of the AWS World's config has that name")
+
+    def accept_message(self, message: Mapping[str, Any]) -> ClaimedDelivery | None:
+        """Take one message of an SQS event (a Lambda event source mapping's ``Records`` entry): None when it was
+        handled here and needs nothing more (not ours, already done, early, an expiry), else the claimed delivery
+        to run (its receipt acks it; its ``attempts`` is the message's receive count)."""
+        queue = self.queue_of_arn(str(message["eventSourceARN"]))
+        count = int((message.get("attributes") or {}).get("ApproximateReceiveCount", "1"))
+        return self.queue.accept(queue, str(message["receiptHandle"]), str(message.get("body", "")), count)
+
+    def return_message(self, message: Mapping[str, Any], delay: float = 0.0) -> None:
+        """Make a message of an SQS event visible again in ``delay`` seconds (0: at once), by its receipt handle:
+        for messages a handler hands back without running them, or whose run failed before they were accepted."""
+        queue = self.queue_of_arn(str(message["eventSourceARN"]))
+        self.queue.change_visibility(queue, str(message["receiptHandle"]), delay)
+
     # -- storage: writes -----------------------------------------------------------------------------------------
 
     def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
@@ -179,10 +202,12 @@ class AWSWorld(TemplateWorld):
         index, key, value = (
             ("list", "list_pk", "RUNS") if workflow is None else ("list_group", "list_group_pk", f"RUNS#{workflow}")
         )
-        names = {"#k": key, "#sk": "list_sk" if workflow is None else "list_group_sk"}
+        sort_key = "list_sk" if workflow is None else "list_group_sk"
+        names = {"#k": key}
         values: dict[str, Any] = {":k": {"S": value}}
         condition = "#k = :k"
         if cursor is not None:
+            names["#sk"] = sort_key
             condition += " AND #sk < :c"
             values[":c"] = {"S": cursor}
         query: dict[str, Any] = {
@@ -198,7 +223,7 @@ class AWSWorld(TemplateWorld):
             query["FilterExpression"] = "#s = :s"
         positions: list[tuple[str, str]] = []  # (run id, index sort key)
         for item in self.table.query("Query (list_runs)", **query):
-            positions.append((item["pk"]["S"][len("RUN#") :], item[names["#sk"]]["S"]))
+            positions.append((item["pk"]["S"][len("RUN#") :], item[sort_key]["S"]))
             if len(positions) > limit:
                 break
         page = positions[:limit]

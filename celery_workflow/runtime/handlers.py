@@ -145,12 +145,16 @@ class Runtime:
 
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
-    def handle_workflow(self, run_id: str, *, delivery_id: str, claim: Claim | None = None) -> str:
+    def handle_workflow(
+        self, run_id: str, *, delivery_id: str, claim: Claim | None = None, inline_until: float | None = None
+    ) -> str:
         """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests).
 
         ``claim`` (the transport's claim of this delivery, None when it did not come from one of our transports)
         says how many times the delivery was received, and its receipt lets the last write delete the delivery in
         the same transaction; the writes before it are not made durable one by one (``World.append(durable=...)``).
+        ``inline_until`` (a ``time.monotonic()`` deadline, e.g. half a Lambda invocation's time): past it, steps are
+        queued as their own deliveries instead of run inline, as past ``inline_budget``.
         """
         attempt = claim.attempts if claim is not None else 1
         receipt = claim.receipt if claim is not None else None
@@ -164,7 +168,7 @@ class Runtime:
             if run.status.terminal:
                 return "ended"
             wdef = self.registry.workflow(run.workflow_name)
-            effects = _WorkflowEffects(self, run, delivery_id, started, receipt)
+            effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
             replay = Replay(
                 run=run, wdef=wdef, registry=self.registry, effects=effects, events=events, base_url=self.base_url
             )
@@ -289,12 +293,22 @@ class Runtime:
 class _WorkflowEffects:
     """The I/O of one replay: appends relative to what the replay has seen, step execution, the time budget."""
 
-    def __init__(self, runtime: Runtime, run: RunView, delivery_id: str, started: float, receipt: str | None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        run: RunView,
+        delivery_id: str,
+        started: float,
+        receipt: str | None,
+        *,
+        inline_until: float | None = None,
+    ) -> None:
         self.runtime = runtime
         self.run = run
         self.delivery_id = delivery_id
         self.started = started
         self.receipt = receipt
+        self.inline_until = inline_until
         self.defer_writes = not runtime.every_write_durable
         self.replay: Replay | None = None
 
@@ -321,7 +335,10 @@ class _WorkflowEffects:
         return self.runtime.clock()
 
     def inline_allowed(self) -> bool:
-        return time.monotonic() - self.started < self.runtime.inline_budget
+        now = time.monotonic()
+        return now - self.started < self.runtime.inline_budget and (
+            self.inline_until is None or now < self.inline_until
+        )
 
     def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery:
         queue = self.runtime._step_queue(self.run, sdef)

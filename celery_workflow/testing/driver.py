@@ -13,37 +13,23 @@ of your workflows::
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from celery_workflow.app import Workflows
+from celery_workflow.app import TaskMessage, Workflows, decode_message
 from celery_workflow.client import Run
 from celery_workflow.errors import ResultTimeout
 from celery_workflow.events import RunView
 from celery_workflow.world import Claim, ClaimedDelivery
 
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """A decoded delivery: the Celery task name, its id and arguments."""
-
-    name: str
-    id: str
-    args: list[Any]
+#: A decoded delivery (the same record ``Workflows.handle_delivery`` runs).
+Task = TaskMessage
 
 
 def decode_task(payload: bytes) -> Task:
-    message = json.loads(payload)
-    headers = message["headers"]
-    body = message["body"]
-    if message["properties"].get("body_encoding") == "base64":
-        body = base64.b64decode(body)
-    args, _kwargs, _embed = json.loads(body)
-    return Task(name=str(headers["task"]), id=str(headers["id"]), args=list(args))
+    """The task of a stored delivery message (``celery_workflow.app.decode_message``)."""
+    return decode_message(payload)
 
 
 def failure_backoff(attempts: int) -> float:
@@ -72,18 +58,8 @@ class LocalWorker:
     def handle(self, claimed: ClaimedDelivery) -> str:
         """Run one claimed delivery's task; ack it on success, back it off on failure (like the transport)."""
         task = decode_task(claimed.payload)
-        runtime = self.workflows.runtime
         try:
-            if task.name.startswith("workflow."):
-                outcome = runtime.handle_workflow(
-                    task.args[0], delivery_id=task.id, claim=Claim(claimed.receipt, claimed.attempts)
-                )
-            elif task.name.startswith("step."):
-                outcome = runtime.handle_step(
-                    task.args[0], task.args[1], delivery_id=task.id, claim=Claim(claimed.receipt, claimed.attempts)
-                )
-            else:
-                raise LookupError(f"LocalWorker cannot run task {task.name!r}")
+            outcome = self.workflows.handle_delivery(claimed.payload, Claim(claimed.receipt, claimed.attempts))
         except Exception as exc:
             self.failures.append((task, exc))
             self.world.retry_later(claimed.receipt, failure_backoff(claimed.attempts))

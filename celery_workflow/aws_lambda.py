@@ -1,0 +1,171 @@
+"""AWS Lambda entry points of the AWS World (seed ``aws-world.txt``: ``Queue``, ``HTTP``, ``CreateTable``).
+
+.. code-block:: python
+
+    # worker.py: the SQS event source mapping's function (with ReportBatchItemFailures)
+    from celery_workflow.aws_lambda import queue_handler
+    from myapp import wf                     # Workflows(Celery("app"), world=AWSWorld.from_env(), configure_broker=False)
+
+    handler = queue_handler(wf)
+
+    # api.py: a Function URL or API Gateway route (RPC and webhooks under /v1/workflow)
+    from celery_workflow.aws_lambda import http_handler
+    handler = http_handler(wf)
+
+:func:`queue_handler` runs the deliveries of an SQS batch and answers ``{"batchItemFailures": [...]}``, so SQS
+redelivers only the messages that failed (the mapping must enable ``ReportBatchItemFailures``, or Lambda deletes the
+whole batch). For each message: the World accepts it (a message whose body is not ours or whose record is gone is
+acknowledged, one that arrives early is sent again with the remaining delay, an expiry runs the run's retention);
+the delivery runs with its visibility extended every 30 s; a failure is reported and its message comes back after a
+backoff that doubles from 1 s with each receive up to 15 minutes. Once the batch is halfway to the invocation's
+deadline, no further message is started: the rest are reported with their visibility reset, so another invocation
+takes them at once, and deliveries already running queue their next steps instead of running them inline. A
+handed-off message counts as a receive toward the dead-letter queue's ``maxReceiveCount``.
+
+:func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
+(API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
+``AWS_IAM`` auth or an API Gateway authorizer, and expose :func:`celery_workflow.api.webhook_blueprint` alone where
+the internet must reach it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from celery_workflow.app import Workflows
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.world import Claim, World
+from celery_workflow.world_sqs import AWSWorld, create_table
+
+__all__ = ["create_table", "http_handler", "queue_handler", "retry_delay"]
+
+log = logging.getLogger("celery_workflow.aws_lambda")
+
+#: SQS's longest per-message visibility change worth waiting: 15 minutes.
+MAX_BACKOFF = 900.0
+#: A batch runs without a deadline this long when there is no Lambda context (tests, scripts).
+NO_CONTEXT_BUDGET = 900.0
+
+
+def retry_delay(receive_count: int) -> float:
+    """Seconds before a failed delivery comes back: 1 s, doubling with each receive, at most 15 minutes."""
+    return min(MAX_BACKOFF, 2.0 ** max(0, min(receive_count - 1, 30)))
+
+
+def _aws_world(world: World) -> AWSWorld:
+    if not isinstance(world, AWSWorld):
+        raise ConfigurationError(f"the Lambda queue handler runs the AWS World's deliveries, not {world!r}'s")
+    return world
+
+
+@contextmanager
+def _kept_visible(world: AWSWorld, receipt: str, every: float, lease: float) -> Iterator[None]:
+    """Extend the message's visibility to ``lease`` seconds every ``every`` seconds while the block runs."""
+    stop = threading.Event()
+
+    def keep() -> None:
+        while not stop.wait(every):
+            try:
+                world.extend([receipt], lease)
+            except Exception:  # a failed extension is retried on the next tick
+                log.warning("cannot extend the visibility of %s", receipt.rsplit("|", 1)[0], exc_info=True)
+
+    thread = threading.Thread(target=keep, name="celery_workflow-visibility", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def queue_handler(
+    wf: Workflows, *, extend_every: float = 30.0, extend_to: float = 90.0
+) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
+    """The SQS Lambda handler of ``wf`` (whose World is an :class:`~celery_workflow.world_sqs.AWSWorld`); see the
+    module docstring. ``extend_every`` / ``extend_to``: the visibility keep-alive of a running delivery."""
+    world = _aws_world(wf.world)
+
+    def handler(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        started = time.monotonic()
+        budget = context.get_remaining_time_in_millis() / 1000 if context is not None else NO_CONTEXT_BUDGET
+        halfway = started + budget / 2
+        records = list(event.get("Records") or [])
+        failures: list[dict[str, str]] = []
+        for i, message in enumerate(records):
+            if time.monotonic() >= halfway:
+                for rest in records[i:]:  # hand off: another invocation takes them at once
+                    failures.append({"itemIdentifier": str(rest["messageId"])})
+                    _quietly(world.return_message, rest, 0.0)
+                log.info("handed %d message(s) back at half the invocation's time", len(records) - i)
+                break
+            if not _run_one(wf, world, message, halfway, keep_alive=(extend_every, extend_to)):
+                failures.append({"itemIdentifier": str(message["messageId"])})
+        return {"batchItemFailures": failures}
+
+    return handler
+
+
+def _run_one(
+    wf: Workflows, world: AWSWorld, message: Mapping[str, Any], halfway: float, *, keep_alive: tuple[float, float]
+) -> bool:
+    """Run one message of the batch; False when it failed (reported, and backed off). ``keep_alive``: extend the
+    visibility every so many seconds, to so many seconds."""
+    every, lease = keep_alive
+    count = int((message.get("attributes") or {}).get("ApproximateReceiveCount", "1"))
+    try:
+        claimed = world.accept_message(message)
+    except Exception:
+        log.exception("cannot accept message %s", message.get("messageId"))
+        _quietly(world.return_message, message, retry_delay(count))
+        return False
+    if claimed is None:
+        return True
+    try:
+        with _kept_visible(world, claimed.receipt, every, lease):
+            outcome = wf.handle_delivery(
+                claimed.payload, Claim(claimed.receipt, claimed.attempts), inline_until=halfway
+            )
+    except Exception:
+        log.exception("delivery %s failed (receive %d)", message.get("messageId"), claimed.attempts)
+        _quietly(world.retry_later, claimed.receipt, retry_delay(claimed.attempts))
+        return False
+    log.debug("delivery %s: %s", message.get("messageId"), outcome)
+    world.ack(claimed.receipt)
+    return True
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # the message comes back after the queue's visibility timeout anyway
+        log.warning("%s failed", getattr(fn, "__name__", fn), exc_info=True)
+
+
+def http_handler(
+    wf: Workflows, *, prefix: str = "/v1/workflow", binary_support: bool = True
+) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
+    """A Lambda handler serving ``wf``'s RPC and webhook endpoints under ``prefix`` (Function URL, API Gateway REST
+    or HTTP API, ALB), through ``apig-wsgi``."""
+    try:
+        from apig_wsgi import make_lambda_handler
+        from flask import Flask
+    except ImportError as exc:  # pragma: no cover - exercised only without the extras
+        raise ConfigurationError(
+            "http_handler needs flask and apig-wsgi: pip install 'celery-workflow[aws,flask]'"
+        ) from exc
+
+    app = Flask("celery_workflow")
+    app.register_blueprint(wf.blueprint(), url_prefix=prefix)
+    handler: Any = make_lambda_handler(app, binary_support=binary_support)
+
+    def serve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
+        answer: dict[str, Any] = handler(dict(event), context)
+        return answer
+
+    return serve
