@@ -123,7 +123,7 @@ def test_from_env_reads_the_terraform_environment(aws: Aws, monkeypatch: pytest.
     assert config.control_url == "redis://127.0.0.1:6379/0" and config.base_url == "https://example.com/v1/workflow"
     world = open_world("aws://")  # clients built with no arguments: AWS_ENDPOINT_URL points them at moto
     assert isinstance(world, AWSWorld) and world.queue_names == {"celery", "ordered"}
-    view, created = world.create_run(NewRun("env-run", "wf", {"args": [], "kwargs": {}}))
+    _, created = world.create_run(NewRun("env-run", "wf", {"args": [], "kwargs": {}}))
     assert created and world.get_run("env-run").event_count == 1
     monkeypatch.delenv("WORKFLOW_TABLE")
     with pytest.raises(ConfigurationError, match="WORKFLOW_TABLE"):
