@@ -92,7 +92,7 @@ class ListRunsParams(_Params):
     workflow: str | None = Field(default=None, max_length=200)
     status: Literal["pending", "running", "completed", "failed", "cancelled"] | None = None
     limit: int = Field(default=100, ge=1, le=1000)
-    cursor: str | None = Field(default=None, max_length=200)
+    cursor: str | None = Field(default=None, max_length=400)
 
 
 class ListEventsParams(_Params):

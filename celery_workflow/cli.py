@@ -4,6 +4,7 @@
     celery-workflow runs list [--status S]   runs, newest first
     celery-workflow runs show RUN_ID         a run, its steps and its events
     celery-workflow runs cancel RUN_ID       cancel a run
+    celery-workflow create-table NAME        create the AWS World's DynamoDB table and wait until it is active
 
 The World is ``--world URL``, else ``$CELERY_WORKFLOW_URL``, else ``sqlite:///celery_workflow.sqlite3``.
 """
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from celery_workflow.app import DEFAULT_URL
-from celery_workflow.errors import CeleryWorkflowError, RunTerminal
+from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.world import World, open_world
 
@@ -84,6 +85,21 @@ def cmd_runs_cancel(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def cmd_create_table(args: argparse.Namespace, out: TextIO) -> int:
+    """The AWS World's table, with a DynamoDB client from the environment (region, credentials,
+    ``AWS_ENDPOINT_URL``)."""
+    try:
+        import boto3
+
+        from celery_workflow.world_sqs import create_table
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ConfigurationError("create-table needs boto3: pip install 'celery-workflow[aws]'") from exc
+    print(f"creating DynamoDB table {args.name} (waiting until it is active) …", file=out)
+    create_table(boto3.client("dynamodb"), args.name, timeout=args.timeout)
+    print(f"table {args.name} is active", file=out)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     from celery_workflow.demo_runner import run_demo
 
@@ -92,7 +108,11 @@ def cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="celery-workflow", description="Durable workflows on Celery.")
-    p.add_argument("--world", help="World URL (default: $CELERY_WORKFLOW_URL or sqlite:///celery_workflow.sqlite3)")
+    p.add_argument(
+        "--world",
+        help="World URL: sqlite:///path, postgresql://…, aws:// (from WORKFLOW_*) (default: $CELERY_WORKFLOW_URL or"
+        " sqlite:///celery_workflow.sqlite3)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the example workflow on a real worker, on the embedded default")
     demo.add_argument("--timeout", type=float, default=120.0)
@@ -110,6 +130,10 @@ def parser() -> argparse.ArgumentParser:
     cancel = rsub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
     cancel.set_defaults(func=cmd_runs_cancel)
+    table = sub.add_parser("create-table", help="create the AWS World's DynamoDB table and wait until it is active")
+    table.add_argument("name", help="the table's name (the Terraform module's WORKFLOW_TABLE)")
+    table.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the table (default 300)")
+    table.set_defaults(func=cmd_create_table)
     return p
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -11,7 +12,7 @@ import botocore.awsrequest
 import pytest
 from celery import Celery
 
-from celery_workflow import Workflows, ids
+from celery_workflow import Workflows, cli, ids
 from celery_workflow.errors import (
     ConfigurationError,
     EventInvalid,
@@ -125,6 +126,11 @@ def test_from_env_reads_the_terraform_environment(aws: Aws, monkeypatch: pytest.
     assert isinstance(world, AWSWorld) and world.queue_names == {"celery", "ordered"}
     _, created = world.create_run(NewRun("env-run", "wf", {"args": [], "kwargs": {}}))
     assert created and world.get_run("env-run").event_count == 1
+    out = io.StringIO()
+    assert cli.main(["create-table", "made-by-the-cli"], out=out) == 0  # the same clients, from the environment
+    assert aws.dynamodb.describe_table(TableName="made-by-the-cli")["Table"]["TableStatus"] == "ACTIVE"
+    assert "is active" in out.getvalue()
+    assert cli.main(["--world", "aws://", "runs", "list"], out=out) == 0 and "env-run" in out.getvalue()
     monkeypatch.delenv("WORKFLOW_TABLE")
     with pytest.raises(ConfigurationError, match="WORKFLOW_TABLE"):
         AWSConfig.from_env()

@@ -1,0 +1,211 @@
+"""The Lambda entry points on a real moto server: the SQS queue handler driving runs to completion from messages
+received off the moto queues (in the event shape an event source mapping delivers), failures reported per message,
+the half-deadline handoff; the HTTP handler behind a Function URL event."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_workflow import Workflows, create_hook, gather, sleep
+from celery_workflow.aws_lambda import http_handler, queue_handler, retry_delay
+from celery_workflow.events import EventType, RunStatus
+from celery_workflow.testing._conformance import eventually
+from tests.integration.aws_fixtures import REGION, Aws, aws_fixture, moto_fixture  # noqa: F401
+
+
+class Context:
+    """The part of a Lambda context the handler reads: the time left before the invocation's deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+def sqs_event(aws: Aws, *, visibility: int = 30, wanted: int = 10) -> dict[str, Any]:
+    """What an SQS event source mapping hands a function: messages received off the World's default queue."""
+    answer = aws.sqs.receive_message(
+        QueueUrl=aws.queue_url,
+        MaxNumberOfMessages=wanted,
+        VisibilityTimeout=visibility,
+        AttributeNames=["All"],
+        MessageAttributeNames=["All"],
+    )
+    return {
+        "Records": [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": m["Attributes"],
+                "messageAttributes": m.get("MessageAttributes", {}),
+                "md5OfBody": m["MD5OfBody"],
+                "eventSource": "aws:sqs",
+                "eventSourceARN": aws.queue_arn,
+                "awsRegion": REGION,
+            }
+            for m in answer.get("Messages", [])
+        ]
+    }
+
+
+@pytest.fixture
+def wf(aws: Aws) -> Iterator[Workflows]:
+    app = Workflows(Celery("lambda-app"), world=aws.world(), configure_broker=False)
+
+    @app.step
+    def double(n: int) -> int:
+        return 2 * n
+
+    @app.step
+    def slow(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @app.workflow
+    def pipeline(n: int) -> dict[str, Any]:
+        a = double(n)
+        b, c = gather(double.start(a), double.start(a + 1))
+        sleep(1)
+        decision = create_hook(token=f"approve:{n}").wait()
+        return {"a": a, "b": b, "c": c, "ok": decision["ok"]}
+
+    @app.workflow
+    def two_slow_steps(seconds: float) -> list[float]:
+        return [slow(seconds), slow(seconds)]
+
+    yield app
+    app.close()
+
+
+def drive(aws: Aws, handler: Any, until: Any, *, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Deliver the queue's messages to the handler, batch after batch, until ``until()``; the handler's answers."""
+    answers = []
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "the runs did not finish"
+        event = sqs_event(aws)
+        if event["Records"]:
+            answers.append(handler(event, Context(60)))
+        else:
+            time.sleep(0.05)
+    return answers
+
+
+def test_the_queue_handler_runs_workflows_to_completion(aws: Aws, wf: Workflows) -> None:
+    handler = queue_handler(wf)
+    run = wf.start("pipeline", 3)
+    answers = drive(aws, handler, lambda: wf.world.list_hooks(run.id) != [])
+    wf.resume_hook("approve:3", {"ok": True})
+    answers += drive(aws, handler, lambda: run.status.terminal)
+    assert run.result() == {"a": 6, "b": 12, "c": 14, "ok": True}
+    assert all(a == {"batchItemFailures": []} for a in answers)
+    steps = {s.step_id: s for s in run.steps()}
+    assert steps["step:double:2"].attempt == 1 and steps["step:double:3"].attempt == 1  # queued, each run once
+    assert sqs_event(aws)["Records"] == []  # every message deleted
+    assert not aws.dynamodb.scan(TableName="workflow", FilterExpression="begins_with(pk, :q)",
+                                 ExpressionAttributeValues={":q": {"S": "QUEUE#"}})["Items"]  # fmt: skip
+
+
+def test_failures_are_reported_per_message_and_backed_off(aws: Aws, wf: Workflows) -> None:
+    other = Workflows(Celery("other-app"), world=wf.world, configure_broker=False)
+
+    @other.workflow
+    def unknown_here() -> int:
+        return 1
+
+    handler = queue_handler(wf)  # this app does not have unknown_here
+    bad = other.start("unknown_here")
+    good = wf.start("two_slow_steps", 0.0)
+    event = sqs_event(aws)
+    assert len(event["Records"]) == 2
+    bad_message = next(r["messageId"] for r in event["Records"] if json.loads(r["body"])["run"] == bad.id)
+    assert handler(event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": bad_message}]}
+    drive(aws, handler, lambda: good.status.terminal)
+    assert good.result() == [0.0, 0.0]
+    assert retry_delay(1) == 1 and retry_delay(5) == 16 and retry_delay(50) == 900
+    again = eventually(lambda: sqs_event(aws)["Records"] or None, timeout=10)  # backed off 1 s, then back
+    assert again[0]["attributes"]["ApproximateReceiveCount"] == "2"
+
+
+def test_past_half_the_deadline_the_rest_is_handed_back(aws: Aws, wf: Workflows) -> None:
+    handler = queue_handler(wf)
+    first = wf.start("two_slow_steps", 1.2)
+    second = wf.start("two_slow_steps", 1.2)
+    event = sqs_event(aws)
+    assert len(event["Records"]) == 2
+    answer = handler(event, Context(2.0))  # halfway after 1 s: the first slow step runs past it
+    by_run = {json.loads(r["body"])["run"]: r["messageId"] for r in event["Records"]}
+    started_first = first.status is not RunStatus.PENDING
+    handed_back = by_run[second.id] if started_first else by_run[first.id]
+    ran = first if started_first else second
+    assert answer == {"batchItemFailures": [{"itemIdentifier": handed_back}]}
+    created = [e for e in ran.events() if e.event_type is EventType.STEP_CREATED]
+    assert [e.data["mode"] for e in created] == ["inline", "queued"]  # past halfway: the next step is queued
+    back = sqs_event(aws)["Records"]  # visible again at once, with the queued step's delivery
+    assert handed_back in {r["messageId"] for r in back} and len(back) == 2
+    for r in back:
+        aws.sqs.change_message_visibility(QueueUrl=aws.queue_url, ReceiptHandle=r["receiptHandle"], VisibilityTimeout=0)
+    drive(aws, handler, lambda: first.status.terminal and second.status.terminal)
+    assert first.result() == second.result() == [1.2, 1.2]
+
+
+def test_messages_that_are_not_ours_are_acknowledged(aws: Aws, wf: Workflows) -> None:
+    handler = queue_handler(wf)
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody="{not json")
+    aws.sqs.send_message(
+        QueueUrl=aws.queue_url, MessageBody=json.dumps({"celery_workflow": 1, "id": "gone", "run": None})
+    )
+    assert handler(sqs_event(aws), Context(60)) == {"batchItemFailures": []}
+    assert sqs_event(aws, visibility=0)["Records"] == []
+
+
+def function_url_event(
+    method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Lambda Function URL request (payload format 2.0)."""
+    text = "" if body is None else json.dumps(body)
+    return {
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": {"content-type": "application/json", "host": "abc.lambda-url.us-east-1.on.aws", **(headers or {})},
+        "requestContext": {
+            "accountId": "123456789012",
+            "apiId": "abc",
+            "domainName": "abc.lambda-url.us-east-1.on.aws",
+            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1", "userAgent": "t"},
+            "requestId": "r1",
+            "routeKey": "$default",
+            "stage": "$default",
+            "time": "01/Dec/2026:00:00:00 +0000",
+            "timeEpoch": 0,
+        },
+        "body": text,
+        "isBase64Encoded": False,
+    }
+
+
+def test_the_http_handler_serves_rpc_and_webhooks(aws: Aws, wf: Workflows) -> None:
+    handler = http_handler(wf)
+    started = handler(function_url_event("POST", "/v1/workflow/rpc", {"method": "start", "params": {
+        "workflow": "two_slow_steps", "args": [0.0], "run_id": "via-http"}}), None)  # fmt: skip
+    assert started["statusCode"] == 200, started
+    assert json.loads(started["body"])["result"]["run"]["run_id"] == "via-http"
+    assert wf.world.get_run("via-http").workflow_name == "two_slow_steps"
+    missing = handler(
+        function_url_event("POST", "/v1/workflow/rpc", {"method": "get_run", "params": {"run_id": "x"}}), None
+    )
+    assert missing["statusCode"] == 404 and json.loads(missing["body"])["error"]["code"] == "run_not_found"
+    bad = handler(function_url_event("POST", "/v1/workflow/rpc", "not an object"), None)
+    assert bad["statusCode"] == 400
+    unknown = handler(function_url_event("POST", "/v1/workflow/webhooks/no-such-token", {"a": 1}), None)
+    assert unknown["statusCode"] == 404
