@@ -43,7 +43,7 @@ from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.streams import AWSStreams
 from celery_workflow._aws.table import MAX_ITEM_BYTES, META, hook_pk, run_pk, step_sk, token_pk
 from celery_workflow._backend import template
-from celery_workflow._backend.base import TemplateWorld
+from celery_workflow._backend.base import StoreStreams, TemplateWorld
 from celery_workflow._backend.checks import check_deliveries
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.waiting import wait_until
@@ -56,14 +56,13 @@ from celery_workflow.world import (
     Delivery,
     NewRun,
     Page,
-    StreamPage,
     Upkeep,
 )
 
 __all__ = ["AWSWorld"]
 
 
-class AWSWorld(TemplateWorld):
+class AWSWorld(TemplateWorld, StoreStreams):
     """A World in DynamoDB and SQS (and EventBridge Scheduler for long delays). Thread-safe.
 
     ``dynamodb_client`` and ``sqs_client`` are boto3 clients (``boto3.client("dynamodb")``, ``…("sqs")``); the
@@ -321,22 +320,6 @@ class AWSWorld(TemplateWorld):
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
         self.queue.set_visibility(receipts, lease)
-
-    # -- streams -------------------------------------------------------------------------------------------------
-
-    def write_stream(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
-        return self.streams.write(run_id, name, chunks)
-
-    def close_stream(self, run_id: str, name: str) -> None:
-        self.streams.close(run_id, name)
-
-    def read_stream(
-        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
-    ) -> StreamPage:
-        return self.streams.read(run_id, name, start=start, limit=limit, wait=wait)
-
-    def list_streams(self, run_id: str) -> list[str]:
-        return self.streams.names(run_id)
 
     # -- retention -----------------------------------------------------------------------------------------------
 

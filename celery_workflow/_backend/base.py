@@ -4,7 +4,8 @@ World whose deliveries live in a queue store (SQLite, Postgres).
 :class:`TemplateWorld` gives a World its :meth:`~celery_workflow.world.World.append`: check and normalise the
 request, then run :func:`celery_workflow._backend.template.append` with the World's own steps (``_steps``, an
 :class:`~celery_workflow._backend.template.AppendSteps`). :class:`StoreQueue` gives it ``enqueue`` / ``claim`` /
-``ack`` / ``release`` / ``retry_later`` / ``extend`` on ``store``, with the protocol's input checks.
+``ack`` / ``release`` / ``retry_later`` / ``extend`` on ``store``, with the protocol's input checks;
+:class:`StoreStreams` the stream methods on ``streams``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from celery_workflow._backend import template
 from celery_workflow._backend.checks import check_deliveries
 from celery_workflow._backend.template import AppendRequest, AppendSteps
 from celery_workflow.events import NewEvent
-from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery
+from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, StreamPage
 
-__all__ = ["QueueStore", "StoreQueue", "TemplateWorld"]
+__all__ = ["QueueStore", "StoreQueue", "StoreStreams", "StreamStore", "TemplateWorld"]
 
 
 class TemplateWorld:
@@ -80,3 +81,34 @@ class StoreQueue:
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
         self.store.extend(receipts, lease)
+
+
+class StreamStore(Protocol):
+    """The streams of a World kept by an object of their own (the Postgres and AWS Worlds')."""
+
+    def write(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int: ...
+    def close(self, run_id: str, name: str) -> None: ...
+    def read(
+        self, run_id: str, name: str, *, start: int = ..., limit: int | None = ..., wait: float = ...
+    ) -> StreamPage: ...
+    def names(self, run_id: str) -> list[str]: ...
+
+
+class StoreStreams:
+    """The World's stream methods on its stream store ``streams``."""
+
+    streams: StreamStore
+
+    def write_stream(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
+        return self.streams.write(run_id, name, chunks)
+
+    def close_stream(self, run_id: str, name: str) -> None:
+        self.streams.close(run_id, name)
+
+    def read_stream(
+        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
+    ) -> StreamPage:
+        return self.streams.read(run_id, name, start=start, limit=limit, wait=wait)
+
+    def list_streams(self, run_id: str) -> list[str]:
+        return self.streams.names(run_id)

@@ -52,7 +52,7 @@ from psycopg_pool import ConnectionPool
 from celery_workflow import events as rules
 from celery_workflow import ids
 from celery_workflow._backend import template
-from celery_workflow._backend.base import StoreQueue, TemplateWorld
+from celery_workflow._backend.base import StoreQueue, StoreStreams, TemplateWorld
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun
@@ -70,7 +70,6 @@ from celery_workflow.world import (
     Delivery,
     NewRun,
     Page,
-    StreamPage,
     Upkeep,
 )
 
@@ -79,7 +78,7 @@ __all__ = ["PostgresConfig", "PostgresWorld", "postgres_url"]
 Conn = psycopg.Connection[Any]
 
 
-class PostgresWorld(TemplateWorld, StoreQueue):
+class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
     """A World in PostgreSQL: storage, queue (via :class:`~celery_workflow._postgres.queue.PostgresQueue`) and
     streams.
 
@@ -284,22 +283,6 @@ class PostgresWorld(TemplateWorld, StoreQueue):
             mark=lambda: listener.mark(CHANNEL_RUNS, run_id),
             wait=lambda mark, left: listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
         )
-
-    # -- streams (PgStreams) -------------------------------------------------------------------------------------
-
-    def write_stream(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
-        return self.streams.write(run_id, name, chunks)
-
-    def close_stream(self, run_id: str, name: str) -> None:
-        self.streams.close(run_id, name)
-
-    def read_stream(
-        self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0
-    ) -> StreamPage:
-        return self.streams.read(run_id, name, start=start, limit=limit, wait=wait)
-
-    def list_streams(self, run_id: str) -> list[str]:
-        return self.streams.names(run_id)
 
     # -- retention -----------------------------------------------------------------------------------------------
 
