@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_workflow import Workflows, create_hook, gather, sleep
+from celery_workflow import Workflows, create_hook, create_webhook, gather, sleep
 from celery_workflow.aws_lambda import http_handler, queue_handler, retry_delay
 from celery_workflow.events import EventType, RunStatus
 from celery_workflow.testing._conformance import eventually
@@ -80,6 +80,12 @@ def wf(aws: Aws) -> Iterator[Workflows]:
     @app.workflow
     def two_slow_steps(seconds: float) -> list[float]:
         return [slow(seconds), slow(seconds)]
+
+    @app.workflow
+    def callback() -> Any:
+        hook = create_webhook(respond_with={"status": 201, "body": {"thanks": True}})
+        double(1)  # the hook exists once this step has run
+        return hook.wait().json()
 
     yield app
     app.close()
@@ -209,3 +215,11 @@ def test_the_http_handler_serves_rpc_and_webhooks(aws: Aws, wf: Workflows) -> No
     assert bad["statusCode"] == 400
     unknown = handler(function_url_event("POST", "/v1/workflow/webhooks/no-such-token", {"a": 1}), None)
     assert unknown["statusCode"] == 404
+    worker = queue_handler(wf)
+    run = wf.start("callback")
+    drive(aws, worker, lambda: wf.world.list_hooks(run.id) != [])
+    (hook,) = wf.world.list_hooks(run.id)
+    answered = handler(function_url_event("POST", f"/v1/workflow/webhooks/{hook.token}", {"paid": 42}), None)
+    assert answered["statusCode"] == 201 and json.loads(answered["body"]) == {"thanks": True}
+    drive(aws, worker, lambda: run.status.terminal)
+    assert run.result() == {"paid": 42}

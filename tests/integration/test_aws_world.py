@@ -376,6 +376,30 @@ def test_an_outbox_publishes_what_a_stopped_writer_left(aws: Aws, monkeypatch: p
     assert [c.payload for c in world.claim(["celery"], lease=30)] == [b"next"]
 
 
+def test_sqs_throttling_after_the_commit_loses_nothing(aws: Aws) -> None:
+    sqs = aws.client("sqs")
+    world = AWSWorld(aws.config(), aws.dynamodb, sqs)
+    run = create(world, run_id="wrun_sqs_throttled", started=True)
+    throttled = {"left": 1}
+
+    def throttle(**kwargs: Any) -> Any:
+        if throttled["left"] == 0:
+            return None
+        throttled["left"] -= 1
+        response = {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+                    "ResponseMetadata": {"HTTPStatusCode": 400}}  # fmt: skip
+        return (botocore.awsrequest.AWSResponse(aws.endpoint, 400, {}, None), response)
+
+    sqs.meta.events.register("before-call.sqs.SendMessage", throttle)
+    with pytest.raises(WorldUnavailable, match="SQS SendMessage: ThrottlingException"):
+        world.append(run.run_id, [step_created("s")], deliveries=[Delivery("celery", b"wake", run_id=run.run_id)])
+    assert world.get_run(run.run_id).event_count == 3  # the append committed; its message is in the outbox
+    assert world.claim(["celery"]) == []
+    _, created = world.create_run(NewRun(run.run_id, "wf", {"args": [1], "kwargs": {}}))  # e.g. a retried start
+    assert not created
+    assert [c.payload for c in world.claim(["celery"])] == [b"wake"]
+
+
 def test_finished_runs_expire_after_their_retention(aws: Aws) -> None:
     world = aws.world(retention=timedelta(seconds=1), retentions={"kept": None, "long": timedelta(days=1)})
     done = create(world, run_id="wrun_done", started=True)
