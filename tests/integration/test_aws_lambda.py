@@ -163,6 +163,23 @@ def test_past_half_the_deadline_the_rest_is_handed_back(aws: Aws, wf: Workflows)
     assert first.result() == second.result() == [1.2, 1.2]
 
 
+def test_a_running_delivery_keeps_its_message_hidden(aws: Aws, wf: Workflows, monkeypatch: pytest.MonkeyPatch) -> None:
+    extended: list[tuple[list[str], float]] = []
+    original = wf.world.extend
+
+    def spy(receipts: Any, lease: float) -> None:
+        extended.append((list(receipts), lease))
+        original(receipts, lease)
+
+    monkeypatch.setattr(wf.world, "extend", spy)
+    handler = queue_handler(wf, extend_every=0.1, extend_to=7)
+    run = wf.start("two_slow_steps", 0.4)
+    answer = handler(sqs_event(aws, visibility=1), Context(60))  # the steps outlast the message's 1 s visibility
+    assert answer == {"batchItemFailures": []} and run.result() == [0.4, 0.4]
+    assert len(extended) >= 4 and {lease for _, lease in extended} == {7}
+    assert sqs_event(aws, visibility=0)["Records"] == []  # never delivered twice meanwhile, and deleted at the end
+
+
 def test_messages_that_are_not_ours_are_acknowledged(aws: Aws, wf: Workflows) -> None:
     handler = queue_handler(wf)
     aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody="{not json")
