@@ -227,6 +227,8 @@ class Workflows:
         }
         conf.worker_prefetch_multiplier = 1
         conf.broker_connection_retry_on_startup = True
+        for name, value in spec.settings.items():
+            setattr(conf, name, value)
 
     def _connect_worker_signals(self) -> None:
         """In a worker's main process, run the World's upkeep (:meth:`World.start_upkeep`, e.g. Postgres retention

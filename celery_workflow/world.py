@@ -135,11 +135,13 @@ class StreamPage:
 
 @dataclass(frozen=True, slots=True)
 class BrokerSpec:
-    """How Celery reaches this World's queue: a Kombu transport class path, a URL and transport options."""
+    """How Celery reaches this World's queue: a Kombu transport class path, a URL, transport options, and Celery
+    settings the broker needs (e.g. remote control off where the broker cannot carry it)."""
 
     transport: str
     url: str
     options: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -406,6 +406,51 @@ class SQSQueue:
             VisibilityTimeout=visibility(seconds),
         )
 
+    def receive(self, queue: str, *, limit: int, wait: float, lease: float) -> list[dict[str, Any]]:
+        """Raw SQS messages of ``queue`` (long-polling up to ``wait`` seconds, at most 20), hidden for ``lease``."""
+        answer = self._sqs(
+            "ReceiveMessage",
+            self.sqs.receive_message,
+            QueueUrl=self.world.queue_config(queue).url,
+            MaxNumberOfMessages=max(1, min(10, limit)),
+            VisibilityTimeout=visibility(lease),
+            AttributeNames=["ApproximateReceiveCount"],
+            MessageAttributeNames=["All"],
+            WaitTimeSeconds=max(0, min(20, math.ceil(wait))),
+        )
+        return list((answer or {}).get("Messages", []))
+
+    def send_body(
+        self, queue: str, body: str, *, delay: float = 0.0, group: str | None = None, dedup: str | None = None
+    ) -> None:
+        """Send a message body as it is (a plain Celery task's message, due within 15 minutes)."""
+        config = self.world.queue_config(queue)
+        kwargs: dict[str, Any] = {"QueueUrl": config.url, "MessageBody": body}
+        if config.fifo:
+            kwargs.update(MessageGroupId=group or "default", MessageDeduplicationId=dedup or ids.ulid())
+        elif delay > 0:
+            kwargs["DelaySeconds"] = min(900, math.ceil(delay))
+        self._sqs("SendMessage", self.sqs.send_message, **kwargs)
+
+    def approximate_size(self, queue: str) -> int:
+        """Messages waiting on ``queue`` (visible and delayed), as SQS estimates them."""
+        answer = self._sqs(
+            "GetQueueAttributes",
+            self.sqs.get_queue_attributes,
+            QueueUrl=self.world.queue_config(queue).url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"],
+        )
+        found = (answer or {}).get("Attributes", {})
+        return int(found.get("ApproximateNumberOfMessages", 0)) + int(
+            found.get("ApproximateNumberOfMessagesDelayed", 0)
+        )
+
+    def purge(self, queue: str) -> int:
+        """Delete every message of ``queue`` (SQS allows one purge per queue a minute); the count before."""
+        size = self.approximate_size(queue)
+        self._sqs("PurgeQueue", self.sqs.purge_queue, QueueUrl=self.world.queue_config(queue).url)
+        return size
+
     def delete_message(self, queue: str, handle: str) -> None:
         self._sqs(
             "DeleteMessage",

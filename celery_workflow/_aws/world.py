@@ -26,7 +26,9 @@ Guarantees (the table layout is in :mod:`celery_workflow._aws.table`):
 
 from __future__ import annotations
 
+import os
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from types import MappingProxyType
@@ -78,6 +80,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
     def __init__(self, config: AWSConfig, dynamodb_client: Any, sqs_client: Any) -> None:
         if not isinstance(config, AWSConfig):
             raise ConfigurationError(f"AWSWorld needs an AWSConfig, got {type(config).__name__}")
+        _fork_safe(dynamodb_client, sqs_client, config.scheduler.client if config.scheduler else None)
         self.config = config
         self.poll_interval = config.poll_interval
         self.routes: Mapping[str, str] = MappingProxyType(dict(config.routes))
@@ -366,9 +369,18 @@ class AWSWorld(TemplateWorld, StoreStreams):
     # -- wiring --------------------------------------------------------------------------------------------------
 
     def broker(self) -> BrokerSpec:
-        raise ConfigurationError(
-            "Celery workers do not consume the AWS World's queues yet: run deliveries with the Lambda queue handler"
-            " (celery_workflow.aws_lambda.queue_handler) and build Workflows(..., configure_broker=False)"
+        """The SQS transport on this World's queues (:mod:`celery_workflow.transport.sqs`). Without a control
+        channel (``control_url``), remote control and events are turned off in the Celery app: SQS cannot carry
+        them."""
+        settings: dict[str, Any] = {}
+        if not self.config.control_url:
+            settings = {"worker_enable_remote_control": False, "worker_send_task_events": False,
+                        "task_send_sent_event": False}  # fmt: skip
+        return BrokerSpec(
+            transport="celery_workflow.transport.sqs:Transport",
+            url="aws://",
+            options={"world": self, "polling_interval": self.poll_interval},
+            settings=settings,
         )
 
     def start_upkeep(self) -> Upkeep | None:
@@ -377,6 +389,34 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def close(self) -> None:
         """Nothing to close: the boto3 clients are the caller's."""
+
+
+_CLIENTS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _fork_safe(*clients: Any) -> None:
+    """After a fork (Celery's prefork pool), a child must not share the parent's HTTP connections: botocore's
+    connection pools are not fork-safe. The child drops the pools it inherited; the clients open new connections."""
+    for client in clients:
+        if client is not None:
+            try:
+                _CLIENTS.add(client)
+            except TypeError:  # pragma: no cover - a client that cannot be weakly referenced (a test double)
+                pass
+
+
+def _drop_inherited_connections() -> None:
+    for client in list(_CLIENTS):
+        session = getattr(getattr(client, "_endpoint", None), "http_session", None)
+        close = getattr(session, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:  # pragma: no cover - best effort: a fresh pool is made on the next request anyway
+                pass
+
+
+os.register_at_fork(after_in_child=_drop_inherited_connections)
 
 
 def _created_slot(item: Mapping[str, Any]) -> int:

@@ -162,7 +162,7 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
                 if requeue:
                     self.store.release(held.receipt)
                 else:
-                    self.store.retry_later(held.receipt, backoff(held.attempts))
+                    self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
         finally:
             super().basic_reject(delivery_tag, requeue=False)
 
@@ -384,6 +384,8 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
 
     polling_interval = 1.0
     lease_seconds = 60.0
+    #: The longest delay before a rejected message is due again (see :func:`~.store.backoff`).
+    backoff_cap = 300.0
     heartbeat_interval = 5.0
     gc_interval = 10.0
     consumer_timeout = 60.0
@@ -469,12 +471,17 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         Returns True if a message was delivered.
         """
         no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}.intersection(queues)
-        claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=1, lease=self.lease_seconds)
+        claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
         self._polled, self._last_poll, self._dirty = set(queues), monotonic(), False
         delivered = decode_claims(self.store, claims, no_ack)
         for payload, queue in delivered:
             self._deliver(payload, queue)
         return bool(delivered)
+
+    def poll_limit(self) -> int:
+        """How many messages one poll may claim: 1 here (a table answers at once, so claiming as room frees up costs
+        nothing); a broker whose receives are round trips (SQS) takes up to the prefetch room at once."""
+        return 1
 
     def consumable_queues(self) -> list[str]:
         """The queues consumed by open channels that have prefetch room."""

@@ -77,6 +77,8 @@ class RedisStore:
         }
         self._cond = threading.Condition()
         self._version = 0
+        #: Called (from the subscriber thread) after each change, e.g. to wake a composite store's waiters.
+        self.on_change: Callable[[], None] | None = None
         self._listener: threading.Thread | None = None
         self._listener_pid = 0
         self._stop = threading.Event()
@@ -408,24 +410,35 @@ class RedisStore:
         """The subscriber thread: every published change bumps the version waiters compare."""
         delay = 0.1
         while not self._stop.is_set():
+            pubsub: Any = None
             try:
-                pubsub: Any = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
                 pubsub.subscribe(self._key("changes"))
                 self._bump()  # (re)connected: something may have been missed
                 delay = 0.1
                 while not self._stop.is_set():
                     if pubsub.get_message(timeout=1.0) is not None:
                         self._bump()
-            except redis.RedisError as exc:
+            except Exception as exc:  # a lost connection, or the store closed under the thread
+                if self._stop.is_set():
+                    return
                 log.warning("control channel lost Redis (%s); reconnecting in %.1f s", exc, delay)
                 self._bump()
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
+            finally:
+                if pubsub is not None:
+                    try:
+                        pubsub.close()
+                    except Exception:  # pragma: no cover - closing a broken connection
+                        pass
 
     def _bump(self) -> None:
         with self._cond:
             self._version += 1
             self._cond.notify_all()
+        if self.on_change is not None:
+            self.on_change()
 
     def _ensure_listener(self) -> None:
         if self._listener is not None and self._listener_pid == os.getpid() and self._listener.is_alive():
@@ -449,5 +462,9 @@ class RedisStore:
         self._bump()
 
     def close(self) -> None:
+        """Stop the subscriber (within a second) and close this process's connections."""
         self._stop.set()
+        listener = self._listener
+        if listener is not None and listener.is_alive() and listener is not threading.current_thread():
+            listener.join(2.0)
         self.redis.close()

@@ -1,0 +1,136 @@
+"""SQS transport for Celery: the AWS World's queues, consumed by unmodified Celery workers.
+
+A thin layer over :mod:`celery_workflow.transport.base` and
+:class:`~celery_workflow.transport.sqs_store.SQSBrokerStore`: task queues are the AWS World's SQS queues, Celery's
+events and remote control travel through Redis when ``AWSConfig(control_url="redis://…")`` is set.
+
+Features
+========
+* Type: Virtual (synchronous: Celery runs its ``synloop``).
+* Supports Direct: Yes (task queues: the World's configured SQS queues, never created on the fly)
+* Supports Topic, Fanout: with the control channel (Redis); without it, ``celery inspect``, remote control, events
+  and Flower are off, and the transport says so when it connects.
+* Supports Priority: No
+* Delayed delivery: Yes. A plain task's ``countdown``/``eta`` becomes an SQS ``DelaySeconds`` (up to 15 minutes) or
+  an EventBridge schedule (later, or on a FIFO queue); no worker holds an ETA past the visibility timeout.
+* Leases: received messages are hidden for ``lease_seconds`` (their visibility timeout) and extended while the task
+  runs, whatever the pool; ack deletes; ``reject(requeue=True)`` and shutdown make the message visible at once;
+  ``reject()`` brings it back after a backoff doubling from 1 s up to 15 minutes (per receive).
+* Workflow deliveries are the World's ``QUEUE#`` records: their ack is the World's (it deletes the record in the
+  same transaction as the run's last write), early arrivals are sent again, expiries run in the transport.
+* Receiving: long polls (20 s) per consumed queue, only while the worker has prefetch room, in batches of up to that
+  room (10 at most): an idle worker makes one request per queue every 20 s.
+
+Connection String
+=================
+``Workflows(app, world=AWSWorld(...))`` sets it up; by hand:
+
+.. code-block::
+
+    broker_transport = "celery_workflow.transport.sqs:Transport"
+    broker_url = "aws://"                                   # the World of WORKFLOW_* (AWSWorld.from_env())
+    broker_transport_options = {"world": my_aws_world}      # or a World of your own
+
+Transport Options
+=================
+* ``world``: the :class:`~celery_workflow.world_sqs.AWSWorld` (default: ``AWSWorld.from_env()``).
+* ``lease_seconds`` (60): the visibility timeout of received messages; kept extended while they are held.
+* ``polling_interval`` (1.0), ``heartbeat_interval`` (5.0), ``gc_interval`` (10.0), ``consumer_timeout`` (60.0):
+  as for our other transports; they concern the control channel.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.transport import TRANSPORT_ALIASES
+
+from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
+from celery_workflow.transport.sqs_store import SQSBrokerStore
+from celery_workflow.world_sqs import AWSWorld
+
+__all__ = ["Channel", "Transport"]
+
+log = logging.getLogger(__name__)
+
+# `celery inspect conf` and Flower rebuild a Connection from the broker URL alone
+TRANSPORT_ALIASES.setdefault("aws", "celery_workflow.transport.sqs:Transport")
+
+
+class Channel(StoreChannel):
+    """SQS channel: :class:`~celery_workflow.transport.base.StoreChannel` over the SQS store."""
+
+
+class Transport(StoreTransport):
+    """Kombu transport over the AWS World's SQS queues (``driver_type`` ``celery_workflow_sqs``)."""
+
+    Channel = Channel
+
+    can_parse_url = True
+    default_port = None
+    driver_type = "celery_workflow_sqs"
+    driver_name = "boto3"
+    #: SQS's backoff: doubling from 1 s per receive up to 15 minutes (the seed's).
+    backoff_cap = 900.0
+
+    def open_store(self) -> BrokerStore:
+        options = self.client.transport_options or {}
+        world = options.get("world")
+        if world is None:
+            world = AWSWorld.from_url(self.client.hostname or "aws://")
+        if not isinstance(world, AWSWorld):
+            raise TypeError(f"the SQS transport's 'world' option must be an AWSWorld, got {type(world).__name__}")
+        control = None
+        if world.config.control_url:
+            from celery_workflow.transport.redis_store import RedisStore
+
+            control = RedisStore(world.config.control_url, prefix=f"celery_workflow:{world.config.table_name}:")
+        else:
+            log.warning(
+                "SQS transport without a control channel: celery inspect, remote control, events and Flower are"
+                " off (set AWSConfig(control_url='redis://…') to turn them on)"
+            )
+        return SQSBrokerStore(world, control, lease=self.lease_seconds)
+
+    @property
+    def sqs_store(self) -> SQSBrokerStore:
+        store = self.store
+        assert isinstance(store, SQSBrokerStore)
+        return store
+
+    def poll_limit(self) -> int:
+        """The consumers' prefetch room (10 at most): one receive takes a batch."""
+        return max(1, min(10, self._room()))
+
+    def _room(self) -> int:
+        room = 0
+        for channel in self.channels:
+            if channel.closed or not channel._consumers:
+                continue
+            estimate = channel.qos.can_consume_max_estimate()
+            room += 10 if estimate is None else int(estimate)
+        return room
+
+    def consumable_queues(self) -> list[str]:
+        queues = super().consumable_queues()
+        if self._store is not None:
+            self.sqs_store.set_demand(self._room() if queues else 0)
+        return queues
+
+    def close_connection(self, connection: Any) -> None:
+        if self._store is not None:
+            self.sqs_store.close()
+        super().close_connection(connection)
+
+    def driver_version(self) -> str:
+        import boto3
+
+        return str(boto3.__version__)
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        return uri
+
+    @property
+    def default_connection_params(self) -> dict[str, Any]:
+        return {"hostname": "aws://"}

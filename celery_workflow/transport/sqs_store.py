@@ -1,0 +1,468 @@
+"""The store behind the SQS transport: task queues on SQS (through the AWS World), the control channel in Redis.
+
+:class:`SQSBrokerStore` is a :class:`~celery_workflow.transport.store.BrokerStore`, so the SQS transport is the same
+Kombu code as our other transports (:mod:`celery_workflow.transport.base`). It routes by queue:
+
+* **task queues** are the AWS World's queues (Celery's default queue is ``queue_url``, a routed queue name its
+  ``queues[name].url``). A name the World does not know is refused: queues come from Terraform, never created on
+  the fly. A plain Celery message due within 15 minutes goes to SQS as it is (``DelaySeconds`` for a countdown);
+  one due later, or delayed on a FIFO queue, becomes a ``QUEUE#`` record published through the Scheduler, like a
+  workflow delivery. Received messages are the World's to accept (records: early arrivals sent again, expiries run,
+  gone records acknowledged) or plain ones; their receipts say which (``sqs|…`` records, whose ack is the World's;
+  ``raw|<queue>|<handle>`` plain messages).
+* **control queues** (``*.pidbox`` remote control and replies, ``celeryev.*`` events) and every exchange and binding
+  live in Redis (:class:`~celery_workflow.transport.redis_store.RedisStore`, ``AWSConfig(control_url=…)``). Without
+  it, direct routing to the task queues is kept in process memory and a control queue is refused with an error that
+  says how to turn remote control on or off.
+
+Receiving long-polls: one thread per consumed task queue waits up to 20 s in ``ReceiveMessage``, only while the
+consumer has prefetch room, and asks for at most that room (10 at a time), so an idle worker costs one request per
+queue every 20 s and a busy one takes batches. Received messages wait in a small local buffer for the consuming
+thread's next poll; the change token the transport waits on moves when a receiver buffers a message or Redis
+announces a control message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from celery_workflow import ids
+from celery_workflow._aws.queue import Record
+from celery_workflow._backend.broker import Binding, QueuedMessage
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.world import ClaimedDelivery
+from celery_workflow.world_sqs import AWSWorld
+
+__all__ = ["SQSBrokerStore", "is_control_queue"]
+
+log = logging.getLogger(__name__)
+
+#: The longest an SQS long poll waits (ReceiveMessage's WaitTimeSeconds).
+LONG_POLL = 20.0
+MAX_SQS_DELAY = 900.0
+
+
+def is_control_queue(name: str) -> bool:
+    """Celery's remote-control (``<node>.celery.pidbox``, ``<id>.reply.celery.pidbox``) and event
+    (``celeryev.<id>``) queues."""
+    return name.endswith(".pidbox") or name.startswith("celeryev.")
+
+
+class _Receiver(threading.Thread):
+    """Long-polls one SQS task queue into the store's buffer while the consumer has room."""
+
+    def __init__(self, store: SQSBrokerStore, queue: str) -> None:
+        super().__init__(name=f"celery_workflow-sqs-{queue}", daemon=True)
+        self.store = store
+        self.queue = queue
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        store = self.store
+        while not self.stopped.is_set():
+            want = store._reserve(self.queue)
+            if want == 0:
+                continue
+            try:
+                messages = store.world.queue.receive(self.queue, limit=want, wait=LONG_POLL, lease=store.lease)
+            except Exception as exc:  # the consumer sees nothing new; try again shortly
+                log.warning("cannot receive from SQS queue %r (%s); retrying", self.queue, exc)
+                store._unreserve(want)
+                self.stopped.wait(1.0)
+                continue
+            store._unreserve(want)
+            for message in messages:
+                try:
+                    claimed = store._accept(self.queue, message)
+                except Exception:
+                    log.exception(
+                        "cannot accept a message of %r; it comes back after its visibility timeout", self.queue
+                    )
+                    continue
+                if claimed is not None:
+                    if self.stopped.is_set() or self.queue not in store._consumed:
+                        store.release(claimed.receipt)
+                    else:
+                        store._buffered(claimed)
+
+
+class SQSBrokerStore:
+    """Task queues on SQS through ``world``, control traffic on ``control`` (Redis) when there is one."""
+
+    def __init__(self, world: AWSWorld, control: Any = None, *, lease: float = 60.0) -> None:
+        self.world = world
+        self.control = control
+        self.lease = lease
+        self._cond = threading.Condition()
+        self._version = 0
+        self._buffer: dict[str, deque[ClaimedDelivery]] = {}
+        self._demand = 0  # messages the consumer can take now (its prefetch room)
+        self._reserved = 0  # messages receivers are asking SQS for right now
+        self._receivers: dict[str, _Receiver] = {}
+        self._consumed: set[str] = set()
+        # without a control channel: direct routing state, in this process only
+        self._exchanges: dict[str, str] = {}
+        self._bindings: dict[tuple[str, str, str], Binding] = {}
+        if control is not None:
+            control.on_change = self._bump
+
+    # -- routing by queue --------------------------------------------------------------------------------------------
+
+    def is_task_queue(self, name: str) -> bool:
+        return name in self.world.queue_names
+
+    def _control_for(self, name: str) -> Any:
+        """The control store, for a queue that is not a task queue; a clear error for one that can be neither."""
+        if is_control_queue(name):
+            if self.control is None:
+                raise ConfigurationError(
+                    f"queue {name!r} is Celery's remote control or events: on SQS they need a control channel,"
+                    " AWSConfig(control_url='redis://…'); or turn them off (worker_enable_remote_control = False,"
+                    " worker_send_task_events = False)"
+                )
+            return self.control
+        known = sorted(self.world.queue_names)
+        raise ConfigurationError(
+            f"queue {name!r} is not one of the AWS World's SQS queues {known}: queues come from its config (the"
+            " Terraform module's queues), never created on the fly"
+        )
+
+    # -- wake-ups ----------------------------------------------------------------------------------------------------
+
+    def _bump(self) -> None:
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+
+    def change_token(self) -> int:
+        if self.control is not None:
+            self.control.change_token()  # starts its subscriber
+        with self._cond:
+            return self._version
+
+    def wait_for_change(self, token: Any, timeout: float) -> bool:
+        with self._cond:
+            return bool(self._cond.wait_for(lambda: self._version != token, max(timeout, 0.0)))
+
+    # -- receiving ---------------------------------------------------------------------------------------------------
+
+    def set_demand(self, room: int) -> None:
+        """How many messages the consumer can take now (its prefetch room): receivers ask SQS for no more."""
+        with self._cond:
+            self._demand = max(0, room)
+            self._cond.notify_all()
+
+    def _reserve(self, queue: str) -> int:
+        """Block (a little) until there is room for more messages; how many this receiver may ask for."""
+        with self._cond:
+            buffered = sum(len(b) for b in self._buffer.values())
+            want = min(10, self._demand - buffered - self._reserved)
+            if want <= 0 or queue not in self._consumed:
+                self._cond.wait(1.0)
+                return 0
+            self._reserved += want
+            return want
+
+    def _unreserve(self, count: int) -> None:
+        with self._cond:
+            self._reserved -= count
+
+    def _buffered(self, claimed: ClaimedDelivery) -> None:
+        with self._cond:
+            self._buffer.setdefault(claimed.queue, deque()).append(claimed)
+            self._version += 1
+            self._cond.notify_all()
+
+    def _accept(self, queue: str, message: Mapping[str, Any]) -> ClaimedDelivery | None:
+        count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
+        handle, body = str(message["ReceiptHandle"]), str(message.get("Body", ""))
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and "celery_workflow" in data:
+            return self.world.queue.accept(queue, handle, body, count)
+        if not isinstance(data, dict) or "properties" not in data:
+            log.warning("deleting a message on %r that is neither a Kombu message nor a delivery: %.200r", queue, body)
+            self.world.queue.delete_message(queue, handle)
+            return None
+        return ClaimedDelivery(f"raw|{queue}|{handle}", queue, body.encode(), count, None)
+
+    def _ensure_receiver(self, queue: str) -> None:
+        receiver = self._receivers.get(queue)
+        if receiver is None or not receiver.is_alive():
+            receiver = self._receivers[queue] = _Receiver(self, queue)
+            receiver.start()
+
+    def receive(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+    ) -> list[ClaimedDelivery]:
+        """Buffered messages of the task queues among ``queues`` and due control messages, ``limit`` in all."""
+        tasks = [q for q in dict.fromkeys(queues) if self.is_task_queue(q)]
+        controls = [q for q in dict.fromkeys(queues) if not self.is_task_queue(q)]
+        out: list[ClaimedDelivery] = []
+        if controls and self.control is not None:
+            out += [self._wrap(c) for c in self.control.receive(controls, no_ack=no_ack, limit=limit, lease=lease)]
+        with self._cond:
+            self._consumed.update(tasks)
+            for queue in tasks:
+                buffer = self._buffer.get(queue)
+                while buffer and len(out) < limit:
+                    out.append(buffer.popleft())
+        for queue in tasks:
+            self._ensure_receiver(queue)
+        return out
+
+    @staticmethod
+    def _wrap(claimed: ClaimedDelivery) -> ClaimedDelivery:
+        return ClaimedDelivery(
+            f"ctl|{claimed.receipt}", claimed.queue, claimed.payload, claimed.attempts, claimed.run_id
+        )
+
+    def poll(
+        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+    ) -> tuple[list[ClaimedDelivery], dict[str, float]]:
+        claims = self.receive(queues, no_ack=no_ack, limit=limit, lease=lease)
+        controls = [q for q in queues if not self.is_task_queue(q)]
+        due = self.control.due_times(controls) if controls and self.control is not None else {}
+        return claims, due
+
+    def stop_consuming(self, queues: Sequence[str]) -> None:
+        """Give back what was buffered for ``queues`` (visible again at once) and stop receiving them."""
+        with self._cond:
+            self._consumed.difference_update(queues)
+            held = [c for q in queues for c in self._buffer.pop(q, deque())]
+        for queue in queues:
+            receiver = self._receivers.pop(queue, None)
+            if receiver is not None:
+                receiver.stopped.set()
+        for claimed in held:
+            self.release(claimed.receipt)
+
+    def close(self) -> None:
+        self.stop_consuming(list(self._receivers))
+        if self.control is not None:
+            self.control.close()
+
+    # -- settling ----------------------------------------------------------------------------------------------------
+
+    def _raw(self, receipt: str) -> tuple[str, str]:
+        _, queue, handle = receipt.split("|", 2)
+        return queue, handle
+
+    def ack(self, receipt: str) -> None:
+        if receipt.startswith("ctl|"):
+            self.control.ack(receipt[4:])
+        elif receipt.startswith("raw|"):
+            self.world.queue.delete_message(*self._raw(receipt))
+        else:
+            self.world.ack(receipt)
+
+    def release(self, receipt: str) -> None:
+        self.retry_later(receipt, 0.0)
+
+    def retry_later(self, receipt: str, delay: float) -> None:
+        if receipt.startswith("ctl|"):
+            if delay > 0:
+                self.control.retry_later(receipt[4:], delay)
+            else:
+                self.control.release(receipt[4:])
+        elif receipt.startswith("raw|"):
+            queue, handle = self._raw(receipt)
+            self.world.queue.change_visibility(queue, handle, delay)
+        else:
+            self.world.retry_later(receipt, delay)
+
+    def extend(self, receipts: Sequence[str], lease: float) -> None:
+        control = [r[4:] for r in receipts if r.startswith("ctl|")]
+        if control:
+            self.control.extend(control, lease)
+        for receipt in receipts:
+            if receipt.startswith("raw|"):
+                self.world.queue.change_visibility(*self._raw(receipt), lease)
+        records = [r for r in receipts if r.startswith("sqs|")]
+        if records:
+            self.world.extend(records, lease)
+
+    # -- publishing --------------------------------------------------------------------------------------------------
+
+    def put(
+        self,
+        queue: str,
+        payload: bytes,
+        *,
+        not_before: float | None = None,
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> bool:
+        if not self.is_task_queue(queue):
+            return bool(
+                self._control_for(queue).put(
+                    queue, payload, not_before=not_before, run_id=run_id, idempotency_key=idempotency_key
+                )
+            )
+        config = self.world.queue_config(queue)
+        delay = 0.0 if not_before is None else not_before - ids.utcnow().timestamp()
+        body = bytes(payload).decode()
+        if delay > MAX_SQS_DELAY or (config.fifo and delay >= 1.0) or len(payload) > 250_000:
+            due = ids.utcnow() if not_before is None else ids.from_micros(round(not_before * 1_000_000))
+            record = Record(ids.ulid(), queue, bytes(payload), run_id, due, "delivery", 0, idempotency_key)
+            self.world.table.transact("TransactWriteItems (publish)", [
+                {"Put": {"TableName": self.world.table.name, "Item": record.item()}}
+            ])  # fmt: skip
+            self.world.queue.send(record)
+            return True
+        properties = (json.loads(body).get("properties") or {}) if config.fifo else {}
+        self.world.queue.send_body(
+            queue,
+            body,
+            delay=delay,
+            group=properties.get("MessageGroupId") or run_id,
+            dedup=properties.get("MessageDeduplicationId"),
+        )
+        return True
+
+    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
+        """A copy on every queue bound to ``exchange``: SQS has no fanout, so the copies are made here (task queues
+        get one message each, control queues theirs in Redis)."""
+        queues = sorted({b.queue for b in self.bindings(exchange)})
+        for queue in queues:
+            self.put(queue, payload, not_before=not_before)
+        return len(queues)
+
+    # -- queues ------------------------------------------------------------------------------------------------------
+
+    def size(self, queue: str) -> int:
+        if self.is_task_queue(queue):
+            return self.world.queue.approximate_size(queue)
+        return int(self._control_for(queue).size(queue))
+
+    def purge(self, queue: str) -> int:
+        if self.is_task_queue(queue):
+            return self.world.queue.purge(queue)
+        return int(self._control_for(queue).purge(queue))
+
+    def peek(self, queues: Sequence[str] | None = None) -> list[QueuedMessage]:
+        """Control messages only: SQS cannot show messages without receiving them."""
+        if self.control is None:
+            return []
+        names = None if queues is None else [q for q in queues if not self.is_task_queue(q)]
+        return list(self.control.peek(names))
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        durable: bool = True,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        expires: float | None = None,
+        message_ttl: float | None = None,
+    ) -> None:
+        if self.is_task_queue(name):
+            return  # it exists: the World's config names it
+        self._control_for(name).declare_queue(
+            name, durable=durable, exclusive=exclusive, auto_delete=auto_delete, expires=expires,
+            message_ttl=message_ttl,
+        )  # fmt: skip
+
+    def has_queue(self, name: str) -> bool:
+        if self.is_task_queue(name):
+            return True
+        return self.control is not None and bool(self.control.has_queue(name))
+
+    def queue_info(self, name: str) -> dict[str, Any] | None:
+        if self.is_task_queue(name) or self.control is None:
+            return None
+        info: dict[str, Any] | None = self.control.queue_info(name)
+        return info
+
+    def queues(self) -> list[str]:
+        return sorted({*self.world.queue_names, *(self.control.queues() if self.control is not None else [])})
+
+    def delete_queue(self, name: str) -> int:
+        if self.is_task_queue(name):
+            raise ConfigurationError(f"queue {name!r} is one of the AWS World's SQS queues: delete it with Terraform")
+        return int(self._control_for(name).delete_queue(name))
+
+    # -- exchanges and bindings --------------------------------------------------------------------------------------
+
+    def declare_exchange(
+        self,
+        name: str,
+        type: str,
+        *,
+        durable: bool = True,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        if self.control is not None:
+            self.control.declare_exchange(name, type, durable=durable, auto_delete=auto_delete, arguments=arguments)
+        else:
+            self._exchanges[name] = type
+
+    def exchange_type(self, name: str) -> str | None:
+        if self.control is not None:
+            found: str | None = self.control.exchange_type(name)
+            return found
+        return self._exchanges.get(name)
+
+    def exchanges(self) -> list[str]:
+        return list(self.control.exchanges()) if self.control is not None else sorted(self._exchanges)
+
+    def delete_exchange(self, name: str) -> None:
+        if self.control is not None:
+            self.control.delete_exchange(name)
+            return
+        self._exchanges.pop(name, None)
+        for key in [k for k in self._bindings if k[0] == name]:
+            del self._bindings[key]
+
+    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
+        if not self.is_task_queue(queue):
+            self._control_for(queue)  # refuses an unknown queue clearly
+        if self.control is not None:
+            self.control.bind(exchange, routing_key, pattern, queue)
+        else:
+            self._bindings[(exchange, routing_key or "", queue)] = Binding(exchange, routing_key or "", pattern, queue)
+
+    def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
+        if self.control is not None:
+            self.control.unbind(exchange, routing_key, queue)
+        else:
+            self._bindings.pop((exchange, routing_key or "", queue), None)
+
+    def bindings(self, exchange: str | None = None) -> list[Binding]:
+        if self.control is not None:
+            return list(self.control.bindings(exchange))
+        return [b for b in self._bindings.values() if exchange is None or b.exchange == exchange]
+
+    # -- liveness and collection -------------------------------------------------------------------------------------
+
+    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
+        controls = [q for q in queues if not self.is_task_queue(q)]
+        if not controls or self.control is None:
+            return []
+        return list(self.control.touch(consumer, controls))
+
+    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]:
+        tasks = [q for q in queues if self.is_task_queue(q)]
+        if tasks:
+            self.stop_consuming(tasks)
+        controls = [q for q in queues if not self.is_task_queue(q)]
+        if not controls or self.control is None:
+            return []
+        return list(self.control.drop_consumer(consumer, controls))
+
+    def consumers(self) -> dict[str, int]:
+        return dict(self.control.consumers()) if self.control is not None else {}
+
+    def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
+        if self.control is None:
+            return {"queues": 0, "consumers": 0, "messages": 0}
+        return dict(self.control.gc(consumer_timeout=consumer_timeout))

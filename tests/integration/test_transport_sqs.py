@@ -1,0 +1,130 @@
+"""The SQS transport through kombu.Connection (no worker) on a moto server: task queues are the World's SQS
+queues, the control channel is Redis."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from celery_workflow import ids
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.transport.sqs import Transport
+from celery_workflow.world import Delivery
+from celery_workflow.world_sqs import AWSWorld
+from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
+from tests.integration.redis_fixtures import REDIS_URL, redis_prefix_fixture  # noqa: F401
+from tests.integration.transport_suite import collector, drain
+
+
+@pytest.fixture
+def world(aws: Aws) -> AWSWorld:
+    return aws.world(queues={"backfill": aws.queue("backfill")})
+
+
+@pytest.fixture
+def control_world(aws: Aws, redis_prefix: str) -> Iterator[AWSWorld]:
+    yield aws.world(queues={"backfill": aws.queue("backfill")}, control_url=REDIS_URL, table_name="workflow")
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., Connection]]:
+    opened: list[Connection] = []
+
+    def make(world: AWSWorld, **options: Any) -> Connection:
+        conn = Connection("aws://", transport=Transport, transport_options={"world": world, **options})
+        conn.connect()
+        opened.append(conn)
+        return conn
+
+    yield make
+    for conn in opened:
+        conn.release()
+
+
+def _visible(aws: Aws, url: str) -> int:
+    return int(
+        aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])["Attributes"][
+            "ApproximateNumberOfMessages"
+        ]
+    )
+
+
+def test_publish_consume_ack_on_the_default_queue(
+    aws: Aws, world: AWSWorld, connect: Callable[..., Connection]
+) -> None:
+    conn = connect(world)
+    queue = Queue("celery", Exchange("celery", type="direct"), routing_key="celery")
+    received: list[Any] = []
+    with Consumer(conn.channel(), [queue], callbacks=[collector(received)], accept=["json"]):
+        Producer(conn.channel()).publish(
+            {"n": 1}, exchange="celery", routing_key="celery", serializer="json", declare=[queue]
+        )
+        drain(conn, lambda: bool(received), timeout=10)
+    body, message = received[0]
+    assert body == {"n": 1}
+    assert message.delivery_info["cw_receipt"].startswith("raw|celery|")
+    assert message.delivery_info["cw_attempts"] == 1
+    time.sleep(0.2)
+    assert _visible(aws, aws.queue_url) == 0
+
+
+def test_unknown_queues_are_refused_and_control_needs_redis(
+    world: AWSWorld, connect: Callable[..., Connection]
+) -> None:
+    channel = connect(world).channel()
+    with pytest.raises(ConfigurationError, match="never created on the fly"):
+        Queue("nowhere", Exchange("nowhere"), routing_key="nowhere")(channel).declare()
+    with pytest.raises(ConfigurationError, match="control_url"):
+        Queue("w1@host.celery.pidbox", Exchange("celery.pidbox", type="fanout"))(channel).declare()
+    assert world.broker().settings["worker_enable_remote_control"] is False
+
+
+def test_countdowns_become_sqs_delays_or_schedules(
+    aws: Aws, world: AWSWorld, connect: Callable[..., Connection]
+) -> None:
+    conn = connect(world)
+    producer = Producer(conn.channel())
+    soon = ids.utcnow() + timedelta(seconds=2)
+    producer.publish({"k": "soon"}, routing_key="celery", headers={"eta": soon.isoformat()}, serializer="json")
+    later = ids.utcnow() + timedelta(hours=3)
+    producer.publish({"k": "later"}, routing_key="celery", headers={"eta": later.isoformat()}, serializer="json")
+    (schedule,) = aws.schedules()  # three hours: the Scheduler, with a QUEUE# record
+    assert schedule["ScheduleExpression"] == f"at({later:%Y-%m-%dT%H:%M:%S})"
+    received: list[Any] = []
+    with Consumer(conn.channel(), [Queue("celery")], callbacks=[collector(received)], accept=["json"]):
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=1)  # the SQS delay holds it
+        drain(conn, lambda: bool(received), timeout=10)
+    assert received[0][0] == {"k": "soon"} and ids.utcnow() >= soon - timedelta(seconds=1)
+
+
+def test_workflow_deliveries_are_acked_through_their_records(
+    aws: Aws, world: AWSWorld, connect: Callable[..., Connection]
+) -> None:
+    envelope = {"body": '{"from": "world"}', "content-type": "application/json", "content-encoding": "utf-8",
+                "headers": {}, "properties": {"delivery_tag": "x"}}  # fmt: skip
+    world.enqueue([Delivery("backfill", json.dumps(envelope).encode(), run_id="r1")])
+    conn = connect(world)
+    received: list[Any] = []
+    with Consumer(conn.channel(), [Queue("backfill")], callbacks=[collector(received)], accept=["json"]):
+        drain(conn, lambda: bool(received), timeout=10)
+    body, message = received[0]
+    assert body == {"from": "world"} and message.delivery_info["cw_receipt"].startswith("sqs|backfill|")
+    assert not aws.dynamodb.scan(TableName="workflow")["Items"]  # the record went with the ack
+
+
+def test_remote_control_and_fanout_through_redis(control_world: AWSWorld, connect: Callable[..., Connection]) -> None:
+    conn = connect(control_world)
+    other = connect(control_world)
+    fan = Exchange("broadcast", type="fanout")
+    got: list[Any] = []
+    with Consumer(conn.channel(), [Queue("w1@host.celery.pidbox", fan)], callbacks=[collector(got)], no_ack=True):
+        Producer(other.channel()).publish({"ping": 1}, exchange="broadcast", serializer="json")
+        drain(conn, lambda: bool(got), timeout=10)
+    assert got[0][0] == {"ping": 1}
