@@ -18,8 +18,9 @@ Features
   ``reject()`` brings it back after a backoff doubling from 1 s up to 15 minutes (per receive).
 * Workflow deliveries are the World's ``QUEUE#`` records: their ack is the World's (it deletes the record in the
   same transaction as the run's last write), early arrivals are sent again, expiries run in the transport.
-* Receiving: long polls (20 s) per consumed queue, only while the worker has prefetch room, in batches of up to that
-  room (10 at most): an idle worker makes one request per queue every 20 s.
+* Receiving: long polls (5 s) per consumed queue, only while the worker has prefetch room, in batches of up to that
+  room (10 at most): an idle worker makes 720 requests an hour per queue. A closing connection waits for its polls
+  to end and makes what they bring visible again, so a stopped worker leaves no message hidden.
 
 Connection String
 =================

@@ -15,9 +15,9 @@ Kombu code as our other transports (:mod:`celery_workflow.transport.base`). It r
   it, direct routing to the task queues is kept in process memory and a control queue is refused with an error that
   says how to turn remote control on or off.
 
-Receiving long-polls: one thread per consumed task queue waits up to 20 s in ``ReceiveMessage``, only while the
-consumer has prefetch room, and asks for at most that room (10 at a time), so an idle worker costs one request per
-queue every 20 s and a busy one takes batches. Received messages wait in a small local buffer for the consuming
+Receiving long-polls: one thread per consumed task queue waits up to :data:`LONG_POLL` seconds in
+``ReceiveMessage``, only while the consumer has prefetch room, and asks for at most that room (10 at a time), so an
+idle worker costs one request per queue every few seconds and a busy one takes batches. Received messages wait in a small local buffer for the consuming
 thread's next poll; the change token the transport waits on moves when a receiver buffers a message or Redis
 announces a control message.
 """
@@ -42,8 +42,10 @@ __all__ = ["SQSBrokerStore", "is_control_queue"]
 
 log = logging.getLogger(__name__)
 
-#: The longest an SQS long poll waits (ReceiveMessage's WaitTimeSeconds).
-LONG_POLL = 20.0
+#: How long one SQS long poll waits (ReceiveMessage's WaitTimeSeconds, at most 20). A message SQS hands to a poll
+#: whose process has gone stays hidden for its visibility timeout, so a closing transport waits for its polls to
+#: end (and gives back what they bring): 5 s bounds that wait, at 720 requests an hour per idle queue.
+LONG_POLL = 5.0
 MAX_SQS_DELAY = 900.0
 
 
@@ -232,20 +234,29 @@ class SQSBrokerStore:
         due = self.control.due_times(controls) if controls and self.control is not None else {}
         return claims, due
 
-    def stop_consuming(self, queues: Sequence[str]) -> None:
-        """Give back what was buffered for ``queues`` (visible again at once) and stop receiving them."""
+    def stop_consuming(self, queues: Sequence[str], *, wait: bool = False) -> None:
+        """Stop receiving ``queues`` and give back what was buffered for them (visible again at once); ``wait``:
+        also wait for the polls in flight to end (what they bring is given back too)."""
         with self._cond:
             self._consumed.difference_update(queues)
             held = [c for q in queues for c in self._buffer.pop(q, deque())]
+            self._cond.notify_all()
+        stopped = []
         for queue in queues:
             receiver = self._receivers.pop(queue, None)
             if receiver is not None:
                 receiver.stopped.set()
+                stopped.append(receiver)
         for claimed in held:
             self.release(claimed.receipt)
+        if wait:
+            for receiver in stopped:
+                if receiver is not threading.current_thread():
+                    receiver.join(LONG_POLL + 5.0)
 
     def close(self) -> None:
-        self.stop_consuming(list(self._receivers))
+        """Stop the receivers (waiting for their polls, so no message is left hidden) and the control channel."""
+        self.stop_consuming(list(self._receivers), wait=True)
         if self.control is not None:
             self.control.close()
 

@@ -1,4 +1,5 @@
-"""Workflows on real `celery -A wfapp worker` processes, on the SQLite World and on the Postgres World.
+"""Workflows on real `celery -A wfapp worker` processes, on the SQLite, Postgres and AWS Worlds (the AWS World's
+workers on the SQS transport, against a moto server, with Redis carrying remote control and events).
 
 One worker serves the default queue for most tests; tests that need a worker of their own (one slot, a kill,
 routing) use a queue only their worker consumes.
@@ -25,21 +26,27 @@ import pytest
 
 from celery_workflow import RunCancelled, WorkflowFailed
 from celery_workflow.events import EventType
+from tests.integration.aws_fixtures import moto_fixture  # noqa: F401
 
-from .workers import APPS, Worker, imported_app, postgres_schema
+from .workers import APPS, Worker, aws_environment, imported_app, postgres_schema
 
 pytestmark = pytest.mark.acceptance
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "postgres", "aws"])
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """The World the workers and the client share: an embedded SQLite file, or a Postgres schema of its own."""
+    """The World the workers and the client share: an embedded SQLite file, a Postgres schema of its own, or an AWS
+    World (DynamoDB, SQS, Scheduler on a moto server; Redis as the control channel) of its own."""
     base = tmp_path_factory.mktemp(f"wf-{request.param}")
     markers = base / "markers"
     markers.mkdir()
     common = {"CW_MARKERS": str(markers), "CW_LEASE": "60"}
     if request.param == "sqlite":
         yield {"CELERY_WORKFLOW_URL": f"sqlite:///{base / 'world.sqlite3'}", **common}
+        return
+    if request.param == "aws":
+        with aws_environment(request.getfixturevalue("moto")) as aws:
+            yield {**aws, **common}
         return
     with postgres_schema() as url:
         yield {"CELERY_WORKFLOW_URL": url, **common}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -122,3 +124,47 @@ def postgres_schema() -> Iterator[str]:
         from tests.integration import pg_fixtures
 
         yield pg_fixtures.schema_url(schema)
+
+
+@contextmanager
+def aws_environment(moto_url: str) -> Iterator[dict[str, str]]:
+    """The environment of an AWS World on the moto server at ``moto_url`` (what the Terraform module's
+    ``environment`` output gives a real deployment): a table and its task and ``backfill`` queues of their own,
+    the Scheduler, and Redis as the control channel (skips when Redis is unreachable). Deleted afterwards."""
+    try:
+        from tests.integration import aws_fixtures, redis_fixtures
+    except pytest.skip.Exception as exc:  # Redis is unreachable
+        pytest.skip(str(exc))
+    import boto3
+
+    from celery_workflow.world_sqs import create_table
+
+    table = f"cw_accept_{secrets.token_hex(5)}"
+    clients = {s: boto3.client(s, endpoint_url=moto_url, **aws_fixtures.CREDENTIALS) for s in ("dynamodb", "sqs")}
+    create_table(clients["dynamodb"], table, poll=0.05)
+    queues = {}
+    for name in ("tasks", "backfill"):
+        url = clients["sqs"].create_queue(QueueName=f"{table}-{name}")["QueueUrl"]
+        arn = clients["sqs"].get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        queues[name] = {"url": url, "arn": arn, "fifo": False}
+    env = {
+        "CELERY_WORKFLOW_URL": "aws://",
+        "AWS_ENDPOINT_URL": moto_url,
+        "AWS_DEFAULT_REGION": aws_fixtures.REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "WORKFLOW_TABLE": table,
+        "WORKFLOW_QUEUE_URL": queues["tasks"]["url"],
+        "WORKFLOW_QUEUE_ARN": queues["tasks"]["arn"],
+        "WORKFLOW_QUEUES": json.dumps({"backfill": queues["backfill"]}),
+        "WORKFLOW_SCHEDULER_GROUP": "default",
+        "WORKFLOW_SCHEDULER_ROLE_ARN": aws_fixtures.ROLE_ARN,
+        "WORKFLOW_CONTROL_URL": redis_fixtures.REDIS_URL,
+    }
+    try:
+        yield env
+    finally:
+        clients["dynamodb"].delete_table(TableName=table)
+        for queue in queues.values():
+            clients["sqs"].delete_queue(QueueUrl=queue["url"])
+        redis_fixtures.delete_prefix(f"celery_workflow:{table}:")
