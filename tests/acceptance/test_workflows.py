@@ -273,7 +273,13 @@ def test_flower_lists_the_workflow_and_step_deliveries_of_a_run(
         start_new_session=True,
     )
     try:
-        wait_for(lambda: "main@" in json.dumps(_flower_api(port, "/api/workers") or {}), 60, "Flower to see the worker")
+        try:
+            wait_for(
+                lambda: "main@" in json.dumps(_flower_api(port, "/api/workers") or {}), 60, "Flower to see the worker"
+            )
+        except AssertionError as exc:
+            log.flush()
+            raise AssertionError(f"{exc}\n{(tmp_path / 'flower.log').read_text()[-4000:]}") from None
 
         def deliveries(run_id: str) -> list[dict[str, Any]]:
             tasks = _flower_api(port, "/api/tasks") or {}
