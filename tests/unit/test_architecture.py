@@ -31,7 +31,12 @@ PACKAGE = "celery_workflow"
 BACKENDS: dict[str, tuple[str, ...]] = {
     "sqlite": ("celery_workflow.world_sqlite", "celery_workflow._sqlite", "celery_workflow.transport.sqlite"),
     "postgres": ("celery_workflow.world_pg", "celery_workflow._postgres", "celery_workflow.transport.postgres"),
-    "aws": ("celery_workflow.world_sqs", "celery_workflow._aws", "celery_workflow.transport.sqs"),
+    "aws": (
+        "celery_workflow.world_sqs",
+        "celery_workflow._aws",
+        "celery_workflow.transport.sqs",
+        "celery_workflow.transport.sqs_store",
+    ),
     "memory": ("celery_workflow.testing.memory",),
 }
 #: Modules on the World side of the line: they store state and must not know how Celery consumes it.
