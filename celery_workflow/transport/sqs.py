@@ -18,8 +18,9 @@ Features
   ``reject()`` brings it back after a backoff doubling from 1 s up to 15 minutes (per receive).
 * Workflow deliveries are the World's ``QUEUE#`` records: their ack is the World's (it deletes the record in the
   same transaction as the run's last write), early arrivals are sent again, expiries run in the transport.
-* Receiving: long polls (5 s) per consumed queue, only while the worker has prefetch room, in batches of up to that
-  room (10 at most): an idle worker makes 720 requests an hour per queue. A closing connection waits for its polls
+* Receiving: long polls (``wait_time_seconds``, 5 s) per consumed queue, only while the worker has prefetch room, in
+  batches of up to that room (10 at most): an idle worker makes 3600 / ``wait_time_seconds`` requests an hour per
+  queue (720 at 5 s, 180 at 20 s). A closing connection waits for its polls
   to end and makes what they bring visible again, so a stopped worker leaves no message hidden.
 
 Connection String
@@ -36,6 +37,8 @@ Transport Options
 =================
 * ``world``: the :class:`~celery_workflow.world_sqs.AWSWorld` (default: ``AWSWorld.from_env()``).
 * ``lease_seconds`` (60): the visibility timeout of received messages; kept extended while they are held.
+* ``wait_time_seconds`` (5, 1 to 20): how long one ``ReceiveMessage`` long poll waits. Longer polls cost fewer
+  requests when idle; a stopping worker waits for its polls to end (so nothing it received stays hidden).
 * ``polling_interval`` (1.0), ``heartbeat_interval`` (5.0), ``gc_interval`` (10.0), ``consumer_timeout`` (60.0):
   as for our other transports; they concern the control channel.
 """
@@ -48,7 +51,7 @@ from typing import Any
 from kombu.transport import TRANSPORT_ALIASES
 
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
-from celery_workflow.transport.sqs_store import SQSBrokerStore
+from celery_workflow.transport.sqs_store import LONG_POLL, SQSBrokerStore
 from celery_workflow.world_sqs import AWSWorld
 
 __all__ = ["Channel", "Transport"]
@@ -92,7 +95,8 @@ class Transport(StoreTransport):
                 "SQS transport without a control channel: celery inspect, remote control, events and Flower are"
                 " off (set AWSConfig(control_url='redis://…') to turn them on)"
             )
-        return SQSBrokerStore(world, control, lease=self.lease_seconds)
+        wait = options.get("wait_time_seconds")
+        return SQSBrokerStore(world, control, lease=self.lease_seconds, wait=LONG_POLL if wait is None else float(wait))
 
     @property
     def sqs_store(self) -> SQSBrokerStore:

@@ -15,8 +15,8 @@ Kombu code as our other transports (:mod:`celery_workflow.transport.base`). It r
   it, direct routing to the task queues is kept in process memory and a control queue is refused with an error that
   says how to turn remote control on or off.
 
-Receiving long-polls: one thread per consumed task queue waits up to :data:`LONG_POLL` seconds in
-``ReceiveMessage``, only while the consumer has prefetch room, and asks for at most that room (10 at a time), so an
+Receiving long-polls: one thread per consumed task queue waits up to ``wait`` seconds (:data:`LONG_POLL` unless the
+transport's ``wait_time_seconds`` option says otherwise) in ``ReceiveMessage``, only while the consumer has prefetch room, and asks for at most that room (10 at a time), so an
 idle worker costs one request per queue every few seconds and a busy one takes batches. Received messages wait in a small local buffer for the consuming
 thread's next poll; the change token the transport waits on moves when a receiver buffers a message or Redis
 announces a control message.
@@ -71,7 +71,7 @@ class _Receiver(threading.Thread):
             if want == 0:
                 continue
             try:
-                messages = store.world.queue.receive(self.queue, limit=want, wait=LONG_POLL, lease=store.lease)
+                messages = store.world.queue.receive(self.queue, limit=want, wait=store.wait, lease=store.lease)
             except Exception as exc:  # the consumer sees nothing new; try again shortly
                 log.warning("cannot receive from SQS queue %r (%s); retrying", self.queue, exc)
                 store._unreserve(want)
@@ -96,10 +96,13 @@ class _Receiver(threading.Thread):
 class SQSBrokerStore:
     """Task queues on SQS through ``world``, control traffic on ``control`` (Redis) when there is one."""
 
-    def __init__(self, world: AWSWorld, control: Any = None, *, lease: float = 60.0) -> None:
+    def __init__(self, world: AWSWorld, control: Any = None, *, lease: float = 60.0, wait: float = LONG_POLL) -> None:
+        if not 1 <= wait <= 20:
+            raise ConfigurationError(f"an SQS long poll waits 1 to 20 seconds (wait_time_seconds), not {wait!r}")
         self.world = world
         self.control = control
         self.lease = lease
+        self.wait = float(wait)
         self._cond = threading.Condition()
         self._version = 0
         self._buffer: dict[str, deque[ClaimedDelivery]] = {}
@@ -252,7 +255,7 @@ class SQSBrokerStore:
         if wait:
             for receiver in stopped:
                 if receiver is not threading.current_thread():
-                    receiver.join(LONG_POLL + 5.0)
+                    receiver.join(self.wait + 5.0)
 
     def close(self) -> None:
         """Stop the receivers (waiting for their polls, so no message is left hidden) and the control channel."""

@@ -4,7 +4,6 @@ queues, the control channel is Redis."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -55,6 +54,12 @@ def _visible(aws: Aws, url: str) -> int:
     )
 
 
+def _held(aws: Aws, url: str) -> int:
+    """Messages received and not yet deleted or made visible again."""
+    attributes = aws.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"])
+    return int(attributes["Attributes"]["ApproximateNumberOfMessagesNotVisible"])
+
+
 def test_publish_consume_ack_on_the_default_queue(
     aws: Aws, world: AWSWorld, connect: Callable[..., Connection]
 ) -> None:
@@ -70,8 +75,16 @@ def test_publish_consume_ack_on_the_default_queue(
     assert body == {"n": 1}
     assert message.delivery_info["cw_receipt"].startswith("raw|celery|")
     assert message.delivery_info["cw_attempts"] == 1
-    time.sleep(0.2)
-    assert _visible(aws, aws.queue_url) == 0
+    assert _visible(aws, aws.queue_url) == 0 and _held(aws, aws.queue_url) == 0  # the ack deleted it
+
+
+def test_long_polls_wait_as_configured(world: AWSWorld, connect: Callable[..., Connection]) -> None:
+    conn = connect(world, wait_time_seconds=20)
+    assert conn.transport.sqs_store.wait == 20.0
+    assert connect(world).transport.sqs_store.wait == 5.0
+    for wrong in (0, 21):
+        with pytest.raises(ConfigurationError, match="wait_time_seconds"):
+            connect(world, wait_time_seconds=wrong)
 
 
 def test_unknown_queues_are_refused_and_control_needs_redis(
