@@ -4,12 +4,9 @@ Import the fixture functions into a test module (pytest finds them by their ``na
 
     from tests.integration.aws_fixtures import aws_fixture, moto_fixture  # noqa: F401
 
-* ``moto``: the session's moto server (moto's WSGI app in a threaded werkzeug server on 127.0.0.1, a free port):
-  DynamoDB, SQS and EventBridge Scheduler on one endpoint. Its state is reset before each test that uses ``aws``.
-  DynamoDB requests are served one at a time: moto runs a transaction by copying the whole table, applying the
-  actions and, on a failed condition, putting the copy back, so two concurrent requests could undo each other's
-  writes. Real DynamoDB isolates transactions; serialising moto's DynamoDB requests gives the tests that isolation
-  (and nothing more: conflicts between our writers still happen, between their reads and their writes).
+* ``moto``: the session's moto server (:class:`celery_workflow.testing.moto_server.MotoServer`: moto's WSGI app on
+  127.0.0.1 and a free port, DynamoDB requests served one at a time). Its state is reset before each test that uses
+  ``aws``.
 * ``aws``: an :class:`Aws` with boto3 clients (fixed test credentials, ``us-east-1``), the table and the default
   queue created, and helpers: ``world(**config)`` builds an AWS World on them, ``queue(name, fifo=…)`` creates a
   queue, and ``fire_due_schedules()`` does what moto's Scheduler never does (it stores schedules but never runs them):
@@ -19,8 +16,6 @@ Import the fixture functions into a test module (pytest finds them by their ``na
 
 from __future__ import annotations
 
-import logging
-import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,9 +24,8 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
-from werkzeug.serving import make_server
 
+from celery_workflow.testing.moto_server import MotoServer
 from celery_workflow.world_sqs import AWSConfig, AWSWorld, QueueConfig, SchedulerConfig, create_table
 
 REGION = "us-east-1"
@@ -40,34 +34,10 @@ ROLE_ARN = "arn:aws:iam::123456789012:role/celery-workflow-scheduler"
 TABLE = "workflow"
 
 
-class _OneDynamoDBRequestAtATime:
-    """WSGI middleware: DynamoDB requests (``X-Amz-Target: DynamoDB_…``) run one at a time (see the module docstring);
-    SQS and Scheduler requests run concurrently."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.lock = threading.Lock()
-
-    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
-        if not str(environ.get("HTTP_X_AMZ_TARGET", "")).startswith("DynamoDB"):
-            return self.app(environ, start_response)
-        with self.lock:
-            return list(self.app(environ, start_response))
-
-
 @pytest.fixture(name="moto", scope="session")
 def moto_fixture() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    app = _OneDynamoDBRequestAtATime(DomainDispatcherApplication(create_backend_app))
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="moto", daemon=True)
-    thread.start()
-    host, port = server.server_address[:2]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.shutdown()
-        thread.join(10)
+    with MotoServer() as endpoint:
+        yield endpoint
 
 
 @dataclass
