@@ -1,8 +1,10 @@
 """Deliveries of the AWS World: ``QUEUE#`` records in DynamoDB, messages on SQS, schedules in EventBridge Scheduler
 (not part of the public API; seed "Queue delivery").
 
-A delivery is a ``QUEUE#<id>`` record holding its payload (the Celery message), queue, run and due time, written in
-the same transaction as the append that made it, and a message that points at the record:
+A delivery is a ``QUEUE#<id>`` record holding its payload (the Celery message, zlib-compressed as ``payload_z`` when
+that is smaller: a Celery message of ~1 KB then fits the one write unit a record's put and delete each cost), queue,
+run and due time, written in the same transaction as the append that made it, and a message that points at the
+record:
 
 * due within 15 minutes: ``SendMessage`` (``DelaySeconds`` when due later than now), on a standard queue;
 * due later, or delayed at all on a FIFO queue: a one-time schedule ``celery-workflow-<id>`` in the Scheduler group
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -83,13 +86,16 @@ class Record:
                    delivery.idempotency_key)  # fmt: skip
 
     def item(self) -> dict[str, Any]:
+        packed = zlib.compress(self.payload, 6)
+        smaller = len(packed) < len(self.payload)
         return to_item(
             {
                 "pk": queue_pk(self.id),
                 "sk": META,
                 "id": self.id,
                 "queue": self.queue,
-                "payload": self.payload,
+                "payload": None if smaller else self.payload,
+                "payload_z": packed if smaller else None,
                 "run_id": self.run_id,
                 "due": ids.to_micros(self.due),
                 "kind": self.kind,
@@ -102,8 +108,9 @@ class Record:
     @classmethod
     def from_item(cls, item: Mapping[str, Any]) -> Record:
         v = from_item(item)
+        payload = zlib.decompress(v["payload_z"]) if "payload_z" in v else bytes(v.get("payload", b""))
         return cls(
-            str(v["id"]), str(v["queue"]), bytes(v.get("payload", b"")), v.get("run_id"),
+            str(v["id"]), str(v["queue"]), payload, v.get("run_id"),
             ids.from_micros(int(v["due"])), str(v.get("kind", "delivery")), int(v.get("claim", 0)),
             v.get("idempotency_key"),
         )  # fmt: skip

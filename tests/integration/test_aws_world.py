@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 from celery import Celery
 
 from celery_workflow import Workflows, cli, ids
+from celery_workflow.app import build_message
+from celery_workflow.aws_costs import item_size
 from celery_workflow.errors import (
     ConfigurationError,
     EventInvalid,
@@ -181,6 +184,24 @@ def test_the_table_is_laid_out_as_the_seed_says(aws: Aws) -> None:
         name: {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["status"]} for name in ("list", "list_group")
     }
     create_table(aws.dynamodb, TABLE)  # an existing table is waited for, not an error
+
+
+def test_a_record_keeps_a_celery_message_compressed_under_one_write_unit(aws: Aws) -> None:
+    """A record is put once and deleted once, each billed per started KB (twice in a transaction): a ~1 KB Celery
+    message compressed keeps both at the minimum. A payload that does not compress is kept as it is."""
+    world = aws.world()
+    app = Celery("records")
+    message = build_message(app, "celery_workflow.run", [], {"run_id": "wrun_" + "r" * 26}, queue="celery",
+                            task_id=ids.ulid())  # fmt: skip
+    noise = os.urandom(300)
+    world.enqueue([Delivery("celery", message), Delivery("celery", noise)])
+    items = [i for i in aws.dynamodb.scan(TableName=TABLE)["Items"] if i["pk"]["S"].startswith("QUEUE#")]
+    packed = next(i for i in items if "payload_z" in i)
+    assert item_size(packed) <= 1024 and "payload" not in packed
+    unpacked = {**{k: v for k, v in packed.items() if k != "payload_z"}, "payload": {"B": message}}
+    assert item_size(unpacked) > 1024  # as it is, the message would not fit
+    assert next(i for i in items if "payload" in i)["payload"]["B"] != message
+    assert sorted(c.payload for c in world.claim(["celery"], limit=2)) == sorted([message, noise])
 
 
 def test_list_runs_reads_the_indexes_with_filters_and_cursors(aws: Aws) -> None:
