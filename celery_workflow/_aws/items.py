@@ -83,28 +83,43 @@ def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def item_size(item: Mapping[str, Any]) -> int:
-    """The size DynamoDB counts for an item: every attribute name plus its value (UTF-8 strings, bytes, numbers
-    at most 21 bytes; maps and lists 3 bytes plus one per element)."""
-    return sum(len(name.encode()) + _value_size(value) for name, value in item.items())
+    """The size DynamoDB counts for an item (typed attribute values): every attribute name plus its value.
+
+    Strings are their UTF-8 bytes, binaries their bytes, a number 1 byte per two significant digits plus 1 (leading
+    and trailing zeros trimmed, 21 at most), booleans and nulls 1, maps and lists 3 bytes plus 1 per element (and a
+    map's keys), sets the sum of their members."""
+    return sum(len(name.encode()) + value_size(value) for name, value in item.items())
 
 
-def _value_size(value: Mapping[str, Any]) -> int:
+def number_size(text: str) -> int:
+    """The bytes DynamoDB stores a number in: 1 per two significant digits, plus 1 (21 at most)."""
+    mantissa, _, _ = text.strip().lower().partition("e")
+    digits = mantissa.lstrip("+-").replace(".", "").lstrip("0").rstrip("0")
+    return min(21, (len(digits) + 1) // 2 + 1)
+
+
+def value_size(value: Mapping[str, Any]) -> int:
+    """The size of one typed attribute value (``{"S": "…"}``, ``{"N": "…"}``, ``{"M": {…}}`` …)."""
     (kind, inner), *_ = value.items()
     if kind == "S":
         return len(str(inner).encode())
     if kind == "B":
         return len(inner)
     if kind == "N":
-        return min(21, len(str(inner).lstrip("-").lstrip("0").replace(".", "")) // 2 + 1)
+        return number_size(str(inner))
     if kind in ("BOOL", "NULL"):
         return 1
     if kind == "M":
-        return 3 + sum(len(k.encode()) + _value_size(v) + 1 for k, v in inner.items())
+        return 3 + sum(len(k.encode()) + value_size(v) + 1 for k, v in inner.items())
     if kind == "L":
-        return 3 + sum(_value_size(v) + 1 for v in inner)
+        return 3 + sum(value_size(v) + 1 for v in inner)
     if kind == "SS":
         return sum(len(v.encode()) for v in inner)
-    return len(str(inner))
+    if kind == "NS":
+        return sum(number_size(str(v)) for v in inner)
+    if kind == "BS":
+        return sum(len(v) for v in inner)
+    raise ValueError(f"not a DynamoDB attribute value: {kind!r}")
 
 
 # -- the items views live in -----------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ BACKENDS: dict[str, tuple[str, ...]] = {
         "celery_workflow._aws",
         "celery_workflow.transport.sqs",
         "celery_workflow.transport.sqs_store",
+        "celery_workflow.aws_costs",
     ),
     "memory": ("celery_workflow.testing.memory",),
 }
