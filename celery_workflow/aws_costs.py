@@ -326,7 +326,9 @@ class CostCounter:
         if params.get("FilterExpression") and parsed.get("ScannedCount", len(items)) > len(items):
             self._estimated += 1
         consistent = bool(params.get("ConsistentRead")) and not index
-        kind = f"{index} index" if index else (self.kind(items[0]) if items else "?")
+        names = self._key_names.get(table, ())
+        first = {n: items[0][n] for n in names if n in items[0]} if items else {}
+        kind = f"{index} index" if index else (self.kind(first) if first else "?")
         self._counts[(READ_UNITS, op, kind)] += query_read_units(sizes, consistent=consistent)
         for item in items:
             self._remember(table, item, params)

@@ -216,6 +216,7 @@ class AWSAppend:
         for done in (tx.ack, tx.delete_message):
             if done is not None:
                 world.queue.delete_message(done.queue, done.handle)
+                world.queue.settled(done)
         if tx.stale_outbox:
             world.queue.republish(request.run_id)
 

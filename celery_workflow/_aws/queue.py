@@ -31,7 +31,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import threading
+import weakref
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -158,9 +162,36 @@ class Receipt:
 class SQSQueue:
     """The queue facet of an :class:`~celery_workflow._aws.world.AWSWorld`."""
 
+    #: How many receipts settled by an append this process remembers (see :meth:`settled`).
+    SETTLED_KEPT = 4096
+
     def __init__(self, world: AWSWorld, sqs: Any) -> None:
         self.world = world
         self.sqs = sqs
+        self._settled: OrderedDict[tuple[str, str, int], None] = OrderedDict()
+        self._settled_lock = threading.Lock()
+        renew = weakref.WeakMethod(self._after_fork)
+        os.register_at_fork(after_in_child=lambda: _call(renew))
+
+    def _after_fork(self) -> None:
+        """A forked child starts with a lock no other thread of it can hold."""
+        self._settled_lock = threading.Lock()
+
+    def settled(self, r: Receipt) -> None:
+        """Remember that an append acked this claim (record deleted in its transaction, message deleted after), so
+        the transport's or the Lambda handler's ack that follows costs no second delete of either."""
+        with self._settled_lock:
+            self._settled[(r.queue, r.id, r.claim)] = None
+            while len(self._settled) > self.SETTLED_KEPT:
+                self._settled.popitem(last=False)
+
+    def _was_settled(self, r: Receipt) -> bool:
+        key = (r.queue, r.id, r.claim)
+        with self._settled_lock:
+            if key not in self._settled:
+                return False
+            del self._settled[key]
+            return True
 
     @property
     def config(self) -> AWSConfig:
@@ -376,6 +407,8 @@ class SQSQueue:
     def ack(self, receipt: str) -> None:
         """Delete the record (unless someone claimed it since) and the message."""
         r = Receipt.parse(receipt)
+        if self._was_settled(r):
+            return
         if self.delete_record(r):
             self.delete_message(r.queue, r.handle)
 
@@ -465,6 +498,12 @@ class SQSQueue:
             QueueUrl=self.world.queue_config(queue).url,
             ReceiptHandle=handle,
         )
+
+
+def _call(ref: weakref.WeakMethod[Any]) -> None:
+    method = ref()
+    if method is not None:
+        method()
 
 
 def visibility(seconds: float) -> int:
