@@ -212,6 +212,22 @@ def test_routed_workflow_is_left_alone_by_other_queues(
         backfill.stop()
 
 
+def test_a_worker_asked_for_an_unknown_sqs_queue_refuses_to_start(env: dict[str, str], tmp_path: Path) -> None:
+    """On the AWS World queues come from Terraform: a worker told to consume a name the config does not know exits
+    with an error that says so, and creates nothing."""
+    if env["CELERY_WORKFLOW_URL"] != "aws://":
+        pytest.skip("the SQL Worlds' transports declare queues on demand")
+    log = tmp_path / "nowhere.log"
+    worker = Worker("wfapp", env, log, ("-c", "1", "-Q", "nowhere", "-n", "nowhere@%h"))
+    try:
+        code = worker.proc.wait(timeout=60)
+    finally:
+        worker.kill()
+    text = log.read_text()
+    assert code != 0, text[-3000:]
+    assert "nowhere" in text and "never created on the fly" in text, text[-3000:]
+
+
 def test_worker_killed_mid_step_is_recovered_by_another(app: ModuleType, env: dict[str, str], tmp_path: Path) -> None:
     short = {"CW_LEASE": "3"}
     app.wf.route("killable", "backfill")
