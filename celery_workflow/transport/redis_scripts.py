@@ -184,12 +184,32 @@ return out
 """
 )
 
-# ARGV: prefix, queue_1 .. queue_n -> the number of messages deleted (the queues go with their bindings)
+# ARGV: prefix, now, queue_1 .. queue_n -> the number of messages deleted: those past their time to live
+# (``x-message-ttl``) and not under a running lease
+EXPIRE = (
+    COMMON
+    + """
+local now = tonumber(ARGV[2])
+local n = 0
+for i = 3, #ARGV do
+  local queue = ARGV[i]
+  for _, zset in ipairs({p .. 'due:' .. queue, p .. 'held:' .. queue}) do
+    for _, id in ipairs(redis.call('ZRANGE', zset, 0, -1)) do
+      local exp, lease = num(redis.call('HGET', mkey(id), 'exp')), num(redis.call('HGET', mkey(id), 'lease'))
+      if exp ~= nil and exp <= now and (lease == nil or lease <= now) then drop(id, queue) n = n + 1 end
+    end
+  end
+end
+return n
+"""
+)
+
+# ARGV: prefix, now, queue_1 .. queue_n -> the number of messages deleted (the queues go with their bindings)
 DROP_QUEUES = (
     COMMON
     + """
 local n = 0
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   local queue = ARGV[i]
   for _, zset in ipairs({p .. 'due:' .. queue, p .. 'held:' .. queue}) do
     for _, id in ipairs(redis.call('ZRANGE', zset, 0, -1)) do drop(id, queue) n = n + 1 end

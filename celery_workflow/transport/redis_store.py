@@ -73,6 +73,7 @@ class RedisStore:
                 "waiting": lua.WAITING,
                 "due": lua.DUE,
                 "drop": lua.DROP_QUEUES,
+                "expire": lua.EXPIRE,
             }.items()
         }
         self._cond = threading.Condition()
@@ -267,9 +268,10 @@ class RedisStore:
         return info
 
     def has_queue(self, name: str) -> bool:
+        """Declared, or holding messages."""
         if self._call("has queue", self.redis.hexists, self._key("queues"), name):
             return True
-        return bool(self.peek([name]))
+        return bool(self._call("has queue", self.redis.exists, self._key("due:", name), self._key("held:", name)))
 
     def queues(self) -> list[str]:
         return sorted(k.decode() for k in self._call("queues", self.redis.hkeys, self._key("queues")))
@@ -391,17 +393,8 @@ class RedisStore:
                 touched.append(name)
         doomed = list(dict.fromkeys(expired + self._orphaned_auto_delete(touched)))
         dropped = int(self._script("drop", *doomed)) if doomed else 0
-        ttl = 0
-        for message in self.peek():
-            if (
-                message.expires_at is not None
-                and _us(message.expires_at) <= now
-                and (message.leased_until is None or _us(message.leased_until) <= now)
-            ):
-                self._call("gc", self.redis.delete, self._key("m:", str(message.id)))
-                self._call("gc", self.redis.zrem, self._key("due:", message.queue), str(message.id))
-                self._call("gc", self.redis.zrem, self._key("held:", message.queue), str(message.id))
-                ttl += 1
+        # only a declared queue's messages have a time to live (``PUT`` reads it from the declaration)
+        ttl = int(self._script("expire", *self.queues()))
         return {"queues": len(doomed), "consumers": stale, "messages": dropped + ttl}
 
     # -- change notification -----------------------------------------------------------------------------------------
@@ -456,10 +449,6 @@ class RedisStore:
         self._ensure_listener()
         with self._cond:
             return bool(self._cond.wait_for(lambda: self._version != token, max(timeout, 0.0)))
-
-    def poke(self) -> None:
-        """Wake this process's waiters as a published change would."""
-        self._bump()
 
     def close(self) -> None:
         """Stop the subscriber (within a second) and close this process's connections."""

@@ -109,9 +109,12 @@ class Transport(StoreTransport):
         return max(1, min(10, self._room()))
 
     def _room(self) -> int:
+        """The prefetch room of the channels consuming task queues (a worker's remote-control channel has no
+        prefetch limit, and its messages are in Redis: it must not make the receivers fetch more)."""
+        store = self.sqs_store
         room = 0
         for channel in self.channels:
-            if channel.closed or not channel._consumers:
+            if channel.closed or not any(store.is_task_queue(q) for q in channel._active_queues):
                 continue
             estimate = channel.qos.can_consume_max_estimate()
             room += 10 if estimate is None else int(estimate)

@@ -29,13 +29,15 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from celery_workflow import ids
-from celery_workflow._aws.queue import Record
+from celery_workflow._aws.config import MAX_SQS_DELAY
+from celery_workflow._aws.queue import EARLY_TOLERANCE, body_of
 from celery_workflow._backend.broker import Binding, QueuedMessage
 from celery_workflow.errors import ConfigurationError
-from celery_workflow.world import ClaimedDelivery
+from celery_workflow.world import ClaimedDelivery, Delivery
 from celery_workflow.world_sqs import AWSWorld
 
 __all__ = ["SQSBrokerStore", "is_control_queue"]
@@ -46,7 +48,8 @@ log = logging.getLogger(__name__)
 #: whose process has gone stays hidden for its visibility timeout, so a closing transport waits for its polls to
 #: end (and gives back what they bring): 5 s bounds that wait, at 720 requests an hour per idle queue.
 LONG_POLL = 5.0
-MAX_SQS_DELAY = 900.0
+#: The largest plain message sent as it is (SQS takes 256 KiB with attributes); a larger one goes through a record.
+MAX_RAW_BODY = 250_000
 
 
 def is_control_queue(name: str) -> bool:
@@ -186,12 +189,12 @@ class SQSBrokerStore:
     def _accept(self, queue: str, message: Mapping[str, Any]) -> ClaimedDelivery | None:
         count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))
         handle, body = str(message["ReceiptHandle"]), str(message.get("Body", ""))
+        if body_of(body) is not None:  # a record's message: the World's to accept
+            return self.world.queue.accept(queue, handle, body, count)
         try:
             data = json.loads(body)
         except ValueError:
             data = None
-        if isinstance(data, dict) and "celery_workflow" in data:
-            return self.world.queue.accept(queue, handle, body, count)
         if not isinstance(data, dict) or "properties" not in data:
             log.warning("deleting a message on %r that is neither a Kombu message nor a delivery: %.200r", queue, body)
             self.world.queue.delete_message(queue, handle)
@@ -321,21 +324,18 @@ class SQSBrokerStore:
                 )
             )
         config = self.world.queue_config(queue)
-        delay = 0.0 if not_before is None else not_before - ids.utcnow().timestamp()
-        body = bytes(payload).decode()
-        if delay > MAX_SQS_DELAY or (config.fifo and delay >= 1.0) or len(payload) > 250_000:
-            due = ids.utcnow() if not_before is None else ids.from_micros(round(not_before * 1_000_000))
-            record = Record(ids.ulid(), queue, bytes(payload), run_id, due, "delivery", 0, idempotency_key)
-            self.world.table.transact("TransactWriteItems (publish)", [
-                {"Put": {"TableName": self.world.table.name, "Item": record.item()}}
-            ])  # fmt: skip
-            self.world.queue.send(record)
+        due = None if not_before is None else ids.from_micros(round(not_before * 1_000_000))
+        delay = timedelta(0) if due is None else due - ids.utcnow()
+        if delay > MAX_SQS_DELAY or (config.fifo and delay >= EARLY_TOLERANCE) or len(payload) > MAX_RAW_BODY:
+            # a record, published like a workflow delivery (through the Scheduler when due later)
+            self.world.queue.enqueue([Delivery(queue, bytes(payload), run_id, due, idempotency_key)])
             return True
+        body = bytes(payload).decode()
         properties = (json.loads(body).get("properties") or {}) if config.fifo else {}
         self.world.queue.send_body(
             queue,
             body,
-            delay=delay,
+            delay=delay.total_seconds(),
             group=properties.get("MessageGroupId") or run_id,
             dedup=properties.get("MessageDeduplicationId"),
         )

@@ -203,6 +203,14 @@ class QueueStoreSuite:
         assert sorted((c.queue, c.attempts) for c in got) == [("events", 1), ("plain", 1)]
         assert [m.queue for m in queue.peek()] == ["plain", "plain"]  # the no_ack row went at receipt
 
+    def test_an_expired_message_releases_its_idempotency_key(self, queue: Any, clock: Clock) -> None:
+        queue.declare_queue("events", message_ttl=5)
+        assert queue.put("events", b"old", idempotency_key="k") is True
+        assert queue.put("events", b"again", idempotency_key="k") is False  # pending: deduplicated
+        clock.advance(5)
+        assert queue.gc()["messages"] == 1
+        assert queue.put("events", b"new", idempotency_key="k") is True
+
     def test_expired_queues_and_dead_consumers_are_collected(self, queue: Any, clock: Clock) -> None:
         queue.declare_queue("idle", expires=10)
         queue.declare_queue("orphan", auto_delete=True)

@@ -4,6 +4,7 @@ queues, the control channel is Redis."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -141,3 +142,25 @@ def test_remote_control_and_fanout_through_redis(control_world: AWSWorld, connec
         Producer(other.channel()).publish({"ping": 1}, exchange="broadcast", serializer="json")
         drain(conn, lambda: bool(got), timeout=10)
     assert got[0][0] == {"ping": 1}
+
+
+def test_receivers_ask_for_the_task_consumers_room_only(
+    control_world: AWSWorld, connect: Callable[..., Connection]
+) -> None:
+    """A worker's remote-control consumer has no prefetch limit; counting it would make the receivers fetch task
+    messages no consumer has room for, and leave them waiting (unextended) past their visibility timeout."""
+    conn = connect(control_world)
+    tasks = Consumer(conn.channel(), [Queue("celery", Exchange("celery", type="direct"), routing_key="celery")])
+    tasks.qos(prefetch_count=1)
+    pidbox = Queue("w1@host.celery.pidbox", Exchange("celery.pidbox", type="fanout"))
+    with tasks, Consumer(conn.channel(), [pidbox], no_ack=True):
+        assert conn.transport.poll_limit() == 1
+
+
+def test_a_long_countdown_without_a_scheduler_is_refused_before_anything_is_written(
+    aws: Aws, connect: Callable[..., Connection]
+) -> None:
+    conn = connect(aws.world(scheduler=None))
+    with pytest.raises(ConfigurationError, match="Scheduler"):
+        conn.transport.sqs_store.put("celery", json.dumps({"properties": {}}).encode(), not_before=time.time() + 3600)
+    assert not [i for i in aws.dynamodb.scan(TableName="workflow")["Items"] if i["pk"]["S"].startswith("QUEUE#")]
