@@ -55,7 +55,15 @@ from kombu.transport import virtual as _virtual
 from kombu.transport.virtual import exchange as _exchange
 
 from celery_workflow.errors import WorldError
-from celery_workflow.transport.store import BindingRow, BrokerStore, backoff, decode_claims, dumps, message_due
+from celery_workflow.transport.store import (
+    BACKOFF_CAP,
+    BindingRow,
+    BrokerStore,
+    backoff,
+    decode_claims,
+    dumps,
+    message_due,
+)
 from celery_workflow.world import Claim
 
 # the storage protocol and the message helpers live in .store; importable from here too
@@ -122,7 +130,7 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
     ) -> list[tuple[dict[str, Any], str]]:
         """Claim due messages: leased, or deleted for ``no_ack`` queues; return ``(payload, queue)`` pairs."""
         claims = self.store.receive(queues, no_ack=no_ack, limit=limit, lease=self.connection.lease_seconds)
-        return decode_claims(self.store, claims, no_ack)
+        return decode_claims(self.store, claims, no_ack, cap=self.connection.backoff_cap)
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         got = self._receive([queue], self._noack_queues & {queue})
@@ -385,7 +393,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
     polling_interval = 1.0
     lease_seconds = 60.0
     #: The longest delay before a rejected message is due again (see :func:`~.store.backoff`).
-    backoff_cap = 300.0
+    backoff_cap = BACKOFF_CAP
     heartbeat_interval = 5.0
     gc_interval = 10.0
     consumer_timeout = 60.0
@@ -473,7 +481,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}.intersection(queues)
         claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
         self._polled, self._last_poll, self._dirty = set(queues), monotonic(), False
-        delivered = decode_claims(self.store, claims, no_ack)
+        delivered = decode_claims(self.store, claims, no_ack, cap=self.backoff_cap)
         for payload, queue in delivered:
             self._deliver(payload, queue)
         return bool(delivered)

@@ -65,10 +65,10 @@ def message_due(message: Mapping[str, Any]) -> float | None:
 
 
 def decode_claims(
-    store: BrokerStore, claims: Sequence[ClaimedDelivery], no_ack: Collection[str]
+    store: BrokerStore, claims: Sequence[ClaimedDelivery], no_ack: Collection[str], *, cap: float = BACKOFF_CAP
 ) -> list[tuple[dict[str, Any], str]]:
     """``(payload, queue)`` of each claimed Kombu message, its ``delivery_info`` carrying the claim's receipt and
-    attempts; an undecodable one is logged and backed off (never delivered, never lost)."""
+    attempts; an undecodable one is logged and backed off up to ``cap`` seconds (never delivered, never lost)."""
     out = []
     for claim in claims:
         try:
@@ -78,7 +78,7 @@ def decode_claims(
         except ValueError as exc:
             logger.error("undecodable message %s on %r: %s", claim.receipt, claim.queue, exc)
             if claim.queue not in no_ack:
-                store.retry_later(claim.receipt, backoff(claim.attempts))
+                store.retry_later(claim.receipt, backoff(claim.attempts, cap=cap))
             continue
         props = payload.get("properties")
         if not isinstance(props, dict):
