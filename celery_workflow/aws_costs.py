@@ -273,6 +273,11 @@ class CostCounter:
             return None
         return table, tuple((n, repr(item[n])) for n in names)
 
+    def _kind_of(self, table: str, item: Mapping[str, Any]) -> str:
+        """The kind of an item, from its key attributes (all of ``item`` when the table's keys are not known)."""
+        key = {n: item[n] for n in self._key_names.get(table, ()) if n in item}
+        return self.kind(key or item)
+
     def _learn_keys(self, table: str, key: Mapping[str, Any]) -> None:
         if table not in self._key_names:
             spec = self.tables.get(table)
@@ -297,7 +302,8 @@ class CostCounter:
         if item is None:
             return 0
         if params.get("ProjectionExpression"):
-            known = self._items.get(self._key(table, key) or ("", ()))
+            ref = self._key(table, key)
+            known = self._items.get(ref) if ref is not None else None
             if known is not None:
                 return item_size(known)
             self._estimated += 1
@@ -326,9 +332,7 @@ class CostCounter:
         if params.get("FilterExpression") and parsed.get("ScannedCount", len(items)) > len(items):
             self._estimated += 1
         consistent = bool(params.get("ConsistentRead")) and not index
-        names = self._key_names.get(table, ())
-        first = {n: items[0][n] for n in names if n in items[0]} if items else {}
-        kind = f"{index} index" if index else (self.kind(first) if first else "?")
+        kind = f"{index} index" if index else (self._kind_of(table, items[0]) if items else "?")
         self._counts[(READ_UNITS, op, kind)] += query_read_units(sizes, consistent=consistent)
         for item in items:
             self._remember(table, item, params)
@@ -352,12 +356,10 @@ class CostCounter:
             for request in requests:
                 if request in left:
                     continue
-                if "PutRequest" in request:
-                    body = {"TableName": table, **request["PutRequest"]}
-                    self._write(op, "Put", body, None, failed=False, transactional=False)
-                else:
-                    body = {"TableName": table, **request["DeleteRequest"]}
-                    self._write(op, "Delete", body, None, failed=False, transactional=False)
+                action, inner = (
+                    ("Put", request["PutRequest"]) if "PutRequest" in request else ("Delete", request["DeleteRequest"])
+                )
+                self._write(op, action, {"TableName": table, **inner}, None, failed=False, transactional=False)
 
     def _write(
         self, op: str, action: str, body: Mapping[str, Any], returned: Any, *, failed: bool, transactional: bool
@@ -368,7 +370,7 @@ class CostCounter:
             self._learn_keys(table, body["Key"])
         ref = self._key(table, key_values)
         before = self._items.get(ref) if ref is not None else None
-        kind = self.kind({n: key_values[n] for n in self._key_names.get(table, ()) if n in key_values} or key_values)
+        kind = self._kind_of(table, key_values)
         after: Item | None
         if action == "Put":
             after = dict(body["Item"])
@@ -385,12 +387,13 @@ class CostCounter:
         after_size = item_size(after) if after is not None else 0
         self._counts[(WRITE_UNITS, op, kind)] += write_units(before_size, after_size, transactional=transactional)
         spec = self.tables.get(table)
-        for index in spec.indexes if spec else ():
-            old = index_entry(before, spec.keys, index.keys, index.projection) if spec else None
-            new = index_entry(after, spec.keys, index.keys, index.projection) if spec else None
-            units = index_write_units(old, new, index.keys)
-            if units:
-                self._counts[(INDEX_WRITE_UNITS, op, f"{index.name} index {kind}")] += units
+        if spec is not None:
+            for index in spec.indexes:
+                old = index_entry(before, spec.keys, index.keys, index.projection)
+                new = index_entry(after, spec.keys, index.keys, index.projection)
+                units = index_write_units(old, new, index.keys)
+                if units:
+                    self._counts[(INDEX_WRITE_UNITS, op, f"{index.name} index {kind}")] += units
         if ref is not None:
             if after is None:
                 self._items.pop(ref, None)

@@ -86,6 +86,14 @@ class RunStatus(StrEnum):
         return self in _TERMINAL_RUN
 
 
+#: The events that end a run, and the status each leaves it in.
+RUN_END_STATUS: dict[EventType, RunStatus] = {
+    EventType.RUN_COMPLETED: RunStatus.COMPLETED,
+    EventType.RUN_FAILED: RunStatus.FAILED,
+    EventType.RUN_CANCELLED: RunStatus.CANCELLED,
+}
+
+
 class StepStatus(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
@@ -428,11 +436,7 @@ class _State:
                 self.run, status=RunStatus.RUNNING, started_at=run.started_at or self.now
             )
             return
-        status = {
-            EventType.RUN_COMPLETED: RunStatus.COMPLETED,
-            EventType.RUN_FAILED: RunStatus.FAILED,
-            EventType.RUN_CANCELLED: RunStatus.CANCELLED,
-        }[kind]
+        status = RUN_END_STATUS[kind]
         self._emit(ev)
         self.plan.run = dataclasses.replace(
             self.run,

@@ -32,7 +32,6 @@ from celery_workflow._aws.items import (
     hook_item,
     item_size,
     run_item,
-    run_of,
     token_item,
     view_item,
     view_of,
@@ -147,7 +146,7 @@ class AWSAppend:
         if meta is None:
             return Loaded(rules.Snapshot(None))
         stored = from_item(meta)
-        snapshot = rules.Snapshot(run_of(meta))
+        snapshot = rules.Snapshot(CODEC.run(stored))
         tx.hooks = dict(stored.get("hooks") or {})
         created = set(stored.get("created_hooks") or {})
         snapshot.created_hooks = created & set(keys.hooks)
@@ -336,13 +335,12 @@ class AWSAppend:
 
         condition = "attribute_exists(pk)"
         if plan.events:
-            meta = run_item(run, hooks=_live_hooks(tx, plan))
-            size = item_size(meta)
+            fields = CODEC.record("runs", run)
+            size = item_size(run_item(run, hooks=_live_hooks(tx, plan), record=fields))
             if size > MAX_ITEM_BYTES:
                 raise EventTooLarge(
                     f"run {run.run_id}'s view would be {size} bytes; DynamoDB stores at most {MAX_ITEM_BYTES}"
                 )
-            fields = CODEC.record("runs", run)
             for column in MUTABLE["runs"]:
                 if fields[column] is None:
                     removes.append(name(column))

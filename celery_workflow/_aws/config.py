@@ -120,10 +120,6 @@ class AWSConfig:
             if keep > MAX_SQS_DELAY and self.scheduler is None:
                 raise ConfigurationError(f"{where}: a retention over 15 minutes needs a scheduler")
 
-    @property
-    def expires_runs(self) -> bool:
-        return self.retention is not None or any(v is not None for v in self.retentions.values())
-
     def retention_of(self, workflow: str) -> timedelta | None:
         """How long a finished run of ``workflow`` is kept (None: forever)."""
         return self.retentions.get(workflow, self.retention)

@@ -125,13 +125,14 @@ def value_size(value: Mapping[str, Any]) -> int:
 # -- the items views live in -----------------------------------------------------------------------------------------
 
 
-def run_item(run: RunView, *, hooks: Mapping[str, str] | None = None) -> Item:
-    """The run's META item: its view, the live hooks (id -> token) and the index attributes."""
+def run_item(run: RunView, *, hooks: Mapping[str, str] | None = None, record: Mapping[str, Any] | None = None) -> Item:
+    """The run's META item: its view, the live hooks (id -> token) and the index attributes. ``record``: the view's
+    ``CODEC.record("runs", run)`` when the caller has it already."""
     created = ids.to_micros(run.created_at)
     values: dict[str, Any] = {
         "pk": run_pk(run.run_id),
         "sk": META,
-        **CODEC.record("runs", run),
+        **(record if record is not None else CODEC.record("runs", run)),
         "hooks": dict(hooks or {}),
         "list_pk": "RUNS",
         "list_sk": list_sk(created, run.run_id),

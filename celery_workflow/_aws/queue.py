@@ -31,11 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import threading
-import weakref
 import zlib
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -168,30 +164,22 @@ class SQSQueue:
     def __init__(self, world: AWSWorld, sqs: Any) -> None:
         self.world = world
         self.sqs = sqs
-        self._settled: OrderedDict[tuple[str, str, int], None] = OrderedDict()
-        self._settled_lock = threading.Lock()
-        renew = weakref.WeakMethod(self._after_fork)
-        os.register_at_fork(after_in_child=lambda: _call(renew))
-
-    def _after_fork(self) -> None:
-        """A forked child starts with a lock no other thread of it can hold."""
-        self._settled_lock = threading.Lock()
+        # claims settled by this process's appends, oldest first; single dict operations need no lock
+        self._settled: dict[tuple[str, str, int], None] = {}
 
     def settled(self, r: Receipt) -> None:
         """Remember that an append acked this claim (record deleted in its transaction, message deleted after), so
         the transport's or the Lambda handler's ack that follows costs no second delete of either."""
-        with self._settled_lock:
-            self._settled[(r.queue, r.id, r.claim)] = None
-            while len(self._settled) > self.SETTLED_KEPT:
-                self._settled.popitem(last=False)
+        self._settled[(r.queue, r.id, r.claim)] = None
+        if len(self._settled) > self.SETTLED_KEPT:
+            try:
+                self._settled.pop(next(iter(self._settled)), None)
+            except (RuntimeError, StopIteration):  # another thread changed it meanwhile: trim next time
+                pass
 
     def _was_settled(self, r: Receipt) -> bool:
-        key = (r.queue, r.id, r.claim)
-        with self._settled_lock:
-            if key not in self._settled:
-                return False
-            del self._settled[key]
-            return True
+        """Whether an append of this process settled the claim (forgotten once asked)."""
+        return self._settled.pop((r.queue, r.id, r.claim), False) is None
 
     @property
     def config(self) -> AWSConfig:
@@ -239,7 +227,7 @@ class SQSQueue:
         the queue cannot take without a Scheduler."""
         now = ids.utcnow()
         for d in deliveries:
-            queue = self.world.queue_config(d.queue)
+            self.world.queue_config(d.queue)  # an unknown queue raises
             if self.config.scheduler is None and d.not_before is not None:
                 delay = ids.to_utc(d.not_before) - now
                 if delay > MAX_SQS_DELAY:
@@ -247,8 +235,6 @@ class SQSQueue:
                         f"a delivery due in {delay} needs the Scheduler (SQS delays stop at 15 minutes); configure"
                         " AWSConfig(scheduler=…)"
                     )
-                if queue.fifo and delay > timedelta(0):  # pragma: no cover - refused at configuration already
-                    raise ConfigurationError(f"queue {d.queue!r} is FIFO: delayed deliveries need the Scheduler")
 
     def publish(self, run_id: str, records: Sequence[Record]) -> None:
         """Send the messages of records an append of ``run_id`` wrote, then take them out of its outbox."""
@@ -265,12 +251,7 @@ class SQSQueue:
         if delay > MAX_SQS_DELAY or (queue.fifo and delay >= EARLY_TOLERANCE):
             self.schedule(record, queue, group)
             return
-        kwargs: dict[str, Any] = {"QueueUrl": queue.url, "MessageBody": record.body()}
-        if queue.fifo:
-            kwargs.update(MessageGroupId=group, MessageDeduplicationId=record.id)
-        elif delay > timedelta(0):
-            kwargs["DelaySeconds"] = min(900, math.ceil(delay.total_seconds()))
-        self._sqs("SendMessage", self.sqs.send_message, **kwargs)
+        self.send_body(record.queue, record.body(), delay=delay.total_seconds(), group=group, dedup=record.id)
 
     def schedule(self, record: Record, queue: QueueConfig, group: str) -> None:
         scheduler = self.config.scheduler
@@ -344,18 +325,8 @@ class SQSQueue:
         """Receive up to ``limit`` messages from the queues in turn and accept them (see :meth:`accept`)."""
         out: list[ClaimedDelivery] = []
         for name in dict.fromkeys(queues):
-            queue = self.world.queue_config(name)
             while len(out) < limit:
-                answer = self._sqs(
-                    "ReceiveMessage",
-                    self.sqs.receive_message,
-                    QueueUrl=queue.url,
-                    MaxNumberOfMessages=min(10, limit - len(out)),
-                    VisibilityTimeout=visibility(lease),
-                    AttributeNames=["ApproximateReceiveCount"],
-                    WaitTimeSeconds=0,
-                )
-                messages = (answer or {}).get("Messages", [])
+                messages = self.receive(name, limit=limit - len(out), wait=0, lease=lease)
                 if not messages:
                     break
                 for message in messages:
@@ -429,7 +400,7 @@ class SQSQueue:
         if not receipts:
             return []
         found = self.table.get_many([{"pk": queue_pk(r.id), "sk": META} for r in receipts])
-        claims = {Record.from_item(item).id: Record.from_item(item).claim for item in found}
+        claims = {item["id"]["S"]: int(item.get("claim", {"N": "0"})["N"]) for item in found}
         return [r for r in receipts if claims.get(r.id) == r.claim]
 
     def set_visibility(self, receipts: Sequence[str], seconds: float) -> None:
@@ -469,7 +440,7 @@ class SQSQueue:
         if config.fifo:
             kwargs.update(MessageGroupId=group or "default", MessageDeduplicationId=dedup or ids.ulid())
         elif delay > 0:
-            kwargs["DelaySeconds"] = min(900, math.ceil(delay))
+            kwargs["DelaySeconds"] = min(int(MAX_SQS_DELAY.total_seconds()), math.ceil(delay))
         self._sqs("SendMessage", self.sqs.send_message, **kwargs)
 
     def approximate_size(self, queue: str) -> int:
@@ -498,12 +469,6 @@ class SQSQueue:
             QueueUrl=self.world.queue_config(queue).url,
             ReceiptHandle=handle,
         )
-
-
-def _call(ref: weakref.WeakMethod[Any]) -> None:
-    method = ref()
-    if method is not None:
-        method()
 
 
 def visibility(seconds: float) -> int:

@@ -10,7 +10,6 @@ on; waiting readers poll (DynamoDB has no notifications), at most every ``poll_i
 
 from __future__ import annotations
 
-import base64
 import random
 import time
 from collections.abc import Sequence
@@ -158,8 +157,4 @@ class AWSStreams:
         items = list(self.world.table.partition(run_pk(run_id), "STREAM#", what="Query (streams)"))
         if not items:
             self._require_run(run_id)
-        return sorted(str(from_item(i).get("name") or _unb64(i["sk"]["S"][len("STREAM#") :])) for i in items)
-
-
-def _unb64(text: str) -> str:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        return sorted(str(i["name"]["S"]) for i in items)  # every write and close stores the name

@@ -187,8 +187,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         """The run and its log: the view first, then the events up to its event count (a later append is left out,
         so the two agree)."""
         view = self.get_run(run_id)
-        log = self.list_events(run_id, limit=view.event_count)
-        return view, log[: view.event_count]
+        return view, self.list_events(run_id, limit=view.event_count)
 
     def list_runs(
         self,
@@ -229,9 +228,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
             if len(positions) > limit:
                 break
         page = positions[:limit]
-        found = {
-            run_of(i).run_id: run_of(i) for i in self.table.get_many([{"pk": run_pk(r), "sk": META} for r, _ in page])
-        }
+        views = [run_of(i) for i in self.table.get_many([{"pk": run_pk(r), "sk": META} for r, _ in page])]
+        found = {view.run_id: view for view in views}
         items = [found[r] for r, _ in page if r in found and wanted.matches(found[r])]
         return Page(items, page[-1][1] if len(positions) > limit and page else None)
 
@@ -303,7 +301,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
         check_deliveries(deliveries)
-        return self.queue.enqueue(deliveries) if deliveries else []
+        return self.queue.enqueue(deliveries)
 
     def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
         if lease <= 0:

@@ -123,7 +123,7 @@ class RecordCodec:
     def __init__(
         self,
         *,
-        time_out: Callable[[datetime], Any],
+        time_out: Callable[[datetime], Any] = _same,
         time_in: Callable[[Any], datetime],
         flag_out: Callable[[bool], Any] = _same,
         flag_in: Callable[[Any], bool] = bool,

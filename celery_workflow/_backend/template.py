@@ -35,7 +35,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from celery_workflow import events as rules
 from celery_workflow._backend.checks import check_deliveries, normalise
 from celery_workflow.errors import CeleryWorkflowError, EntityExists
-from celery_workflow.events import Event, EventType, NewEvent, RunView
+from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, RunView
 from celery_workflow.world import AppendResult, Delivery, NewRun
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 Tx = TypeVar("Tx")
-Tx_contra = TypeVar("Tx_contra", contravariant=True)
 R = TypeVar("R")
 
 
@@ -100,7 +99,7 @@ class AppendRequest:
 
 
 #: Events after which a run may end.
-RUN_ENDING = frozenset({EventType.RUN_COMPLETED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
+RUN_ENDING = frozenset(RUN_END_STATUS)
 
 
 @dataclass(slots=True)

@@ -29,8 +29,11 @@ def wait_until(
     wait: Callable[[M, float], object],
 ) -> T:
     """``read()`` until ``done`` says its answer is final or ``timeout`` seconds pass (None: no limit); return the
-    last answer. ``mark()`` is taken before each read; ``wait(mark, seconds)`` returns early on a later change."""
-    deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
+    last answer. ``mark()`` is taken before each read; ``wait(mark, seconds)`` returns early on a later change. A
+    ``timeout`` of 0 or less reads once, taking no mark (so a World starts no listener for it)."""
+    if timeout is not None and timeout <= 0:
+        return read()
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         token = mark()
         value = read()

@@ -163,7 +163,8 @@ class PgDatabase:
     def migrate(self, *, up_to: int | None = None) -> int:
         """Apply missing migrations (those up to version ``up_to``, if given) under an advisory lock; return the
         schema version."""
-        known = [m for m in migrations("postgres") if up_to is None or m.version <= up_to]
+        packaged = migrations("postgres")
+        known = [m for m in packaged if up_to is None or m.version <= up_to]
 
         def apply(conn: psycopg.Connection[Any]) -> int:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
@@ -173,7 +174,7 @@ class PgDatabase:
             )
             row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
             current = int(row[0]) if row else 0
-            check_version(current, migrations("postgres"), "the database")
+            check_version(current, packaged, "the database")
             for version, name, sql in known:
                 if version > current:
                     conn.execute(sql.encode())  # no parameters: several statements run as one script

@@ -40,11 +40,7 @@ def _utc(stored: datetime) -> datetime:
     return stored.astimezone(UTC)
 
 
-def _as_is(value: datetime) -> datetime:
-    return value
-
-
-CODEC = RecordCodec(time_out=_as_is, time_in=_utc)
+CODEC = RecordCodec(time_in=_utc)  # times are stored as they are (timestamptz)
 
 RUN = ", ".join(COLUMNS["celery_workflow_runs"])
 EVENT = ", ".join(EVENT_COLUMNS)  # the columns of an Event (write_id is the World's)

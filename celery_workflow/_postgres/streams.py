@@ -121,17 +121,14 @@ class PgStreams:
     ) -> StreamPage:
         if start < 0:
             raise ValueError("start must be >= 0")
-        if wait <= 0:
-            return self._read(run_id, name, start, limit)
-        listener = self.db.listener
         key = stream_key(run_id, name)
         return wait_until(
             lambda: self._read(run_id, name, start, limit),
             lambda page: bool(page.chunks or page.closed),
             timeout=wait,
             poll_interval=self.poll_interval,
-            mark=lambda: listener.mark(CHANNEL_STREAMS, key),
-            wait=lambda mark, left: listener.wait(CHANNEL_STREAMS, mark, left, key=key),
+            mark=lambda: self.db.listener.mark(CHANNEL_STREAMS, key),
+            wait=lambda mark, left: self.db.listener.wait(CHANNEL_STREAMS, mark, left, key=key),
         )
 
     def _read(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:

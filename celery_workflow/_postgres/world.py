@@ -272,16 +272,13 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
 
     def wait_for_terminal(self, run_id: str, timeout: float | None) -> RunView:
         """Wait for the run's end: a NOTIFY on ``celery_workflow_runs`` wakes it; it re-checks every poll_interval."""
-        if timeout is not None and timeout <= 0:
-            return self.get_run(run_id)
-        listener = self.db.listener
         return wait_until(
             lambda: self.get_run(run_id),
             lambda view: view.status.terminal,
             timeout=timeout,
             poll_interval=self.poll_interval,
-            mark=lambda: listener.mark(CHANNEL_RUNS, run_id),
-            wait=lambda mark, left: listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
+            mark=lambda: self.db.listener.mark(CHANNEL_RUNS, run_id),
+            wait=lambda mark, left: self.db.listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
         )
 
     # -- retention -----------------------------------------------------------------------------------------------

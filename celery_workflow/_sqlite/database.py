@@ -170,7 +170,8 @@ class Database:
     def migrate(self, *, up_to: int | None = None) -> int:
         """Apply missing migrations (those up to version ``up_to``, if given); return the schema version. Refuses a
         database newer than this library."""
-        known = [m for m in migrations("sqlite") if up_to is None or m.version <= up_to]
+        packaged = migrations("sqlite")
+        known = [m for m in packaged if up_to is None or m.version <= up_to]
         with self.transaction("EXCLUSIVE") as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS celery_workflow_schema_version ("
@@ -178,7 +179,7 @@ class Database:
             )
             row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
             current = int(row[0])
-            check_version(current, migrations("sqlite"), self.path)
+            check_version(current, packaged, self.path)
             for version, name, sql in known:
                 if version <= current:
                     continue

@@ -35,7 +35,7 @@ from celery_workflow.runtime.steps import StepOutcome, error_info
 from celery_workflow.world import Delivery
 
 
-def _brief(value: Any, limit: int = 200) -> str:
+def brief(value: Any, limit: int = 200) -> str:
     """A JSON value for a divergence message, cut at ``limit`` characters (messages are stored in the log)."""
     text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -287,7 +287,7 @@ class Replay:
             if ev.data.get("input") != data_input:
                 raise _Diverged(
                     f"step {cid!r} is called with other arguments than the event log records (slot {ev.slot}):"
-                    f" the log has {_brief(ev.data.get('input'))}, the code now passes {_brief(data_input)};"
+                    f" the log has {brief(ev.data.get('input'))}, the code now passes {brief(data_input)};"
                     " pass values from now()/random()/uuid4() or step results instead of nondeterministic ones"
                 )
         return StepFuture(self, cid, sdef.signature.returns)

@@ -38,10 +38,10 @@ from typing import Any, Literal
 
 from celery_workflow.app import Workflows
 from celery_workflow.errors import ReplayDivergence
-from celery_workflow.events import Event, EventType, NewEvent, RunStatus, RunView
+from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
 from celery_workflow.runtime.registry import StepDef
-from celery_workflow.runtime.replay import Replay
+from celery_workflow.runtime.replay import Replay, brief
 from celery_workflow.runtime.steps import StepOutcome
 from celery_workflow.world import DEFAULT_QUEUE, Delivery, World
 
@@ -50,11 +50,6 @@ __all__ = ["FORMAT", "History", "ReplayResult", "replay_history"]
 #: The version of the JSON file format :meth:`History.to_json` writes and :meth:`History.from_json` reads.
 FORMAT = 1
 
-_TERMINAL: dict[EventType, RunStatus] = {
-    EventType.RUN_COMPLETED: RunStatus.COMPLETED,
-    EventType.RUN_FAILED: RunStatus.FAILED,
-    EventType.RUN_CANCELLED: RunStatus.CANCELLED,
-}
 _EVENT_TYPES = frozenset(t.value for t in EventType)
 #: The delivery id the replay runs under: no recorded ``step_started`` has it, so no step is ever resumed.
 _DELIVERY_ID = "replay-history"
@@ -100,14 +95,14 @@ class History:
     @property
     def terminal_event(self) -> Event | None:
         """The run's ``run_completed``, ``run_failed`` or ``run_cancelled`` event, if it ended."""
-        return next((ev for ev in self.events if ev.event_type in _TERMINAL), None)
+        return next((ev for ev in self.events if ev.event_type in RUN_END_STATUS), None)
 
     @property
     def status(self) -> RunStatus:
         """The run's status as the log records it."""
         end = self.terminal_event
         if end is not None:
-            return _TERMINAL[end.event_type]
+            return RUN_END_STATUS[end.event_type]
         if any(ev.event_type is EventType.RUN_STARTED for ev in self.events):
             return RunStatus.RUNNING
         return RunStatus.PENDING
@@ -372,18 +367,17 @@ def _got(kind: str, output: Any, error: Mapping[str, Any] | None) -> str:
 
 
 def _json(value: Any, limit: int = 300) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return brief(value, limit)
 
 
-def _event(ev: Event) -> str:
+def _event(ev: Event | NewEvent) -> str:
     return f"{ev.event_type.value} {ev.correlation_id!r}" if ev.correlation_id else ev.event_type.value
 
 
 def _describe(events: Sequence[NewEvent]) -> str:
     parts = []
     for ev in events:
-        text = f"{ev.event_type.value} {ev.correlation_id!r}" if ev.correlation_id else ev.event_type.value
+        text = _event(ev)
         if ev.event_type is EventType.STEP_CREATED:
             text += f" with input {_json(ev.data.get('input'), 120)}"
         parts.append(text)
