@@ -44,15 +44,16 @@ def free_port() -> int:
 
 
 class Worker:
-    """A `celery -A <app> worker` subprocess in its own process group."""
+    """A `celery -A <app> worker` subprocess in its own process group, started in ``cwd`` (default: ``apps/``),
+    which is put first on its ``PYTHONPATH``."""
 
-    def __init__(self, app: str, env: dict[str, str], log: Path, args: Sequence[str] = ()) -> None:
+    def __init__(self, app: str, env: dict[str, str], log: Path, args: Sequence[str] = (), *, cwd: Path = APPS) -> None:
         self.log = log
         self._log_file = log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", app, "worker", "--loglevel=INFO", "--without-heartbeat", *args],
-            cwd=APPS,
-            env={**os.environ, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env},
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env},
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
