@@ -1,0 +1,66 @@
+# The World's table, identical to what celery_workflow.world_sqs.create_table creates (table_definition()): string
+# keys pk/sk, and the list and list_group indexes projecting only their keys and status.
+resource "aws_dynamodb_table" "this" {
+  name         = var.name
+  billing_mode = "PAY_PER_REQUEST"
+  hash_key     = "pk"
+  range_key    = "sk"
+
+  deletion_protection_enabled = var.deletion_protection
+
+  attribute {
+    name = "pk"
+    type = "S"
+  }
+
+  attribute {
+    name = "sk"
+    type = "S"
+  }
+
+  attribute {
+    name = "list_pk"
+    type = "S"
+  }
+
+  attribute {
+    name = "list_sk"
+    type = "S"
+  }
+
+  attribute {
+    name = "list_group_pk"
+    type = "S"
+  }
+
+  attribute {
+    name = "list_group_sk"
+    type = "S"
+  }
+
+  global_secondary_index {
+    name               = "list"
+    hash_key           = "list_pk"
+    range_key          = "list_sk"
+    projection_type    = "INCLUDE"
+    non_key_attributes = ["status"]
+  }
+
+  global_secondary_index {
+    name               = "list_group"
+    hash_key           = "list_group_pk"
+    range_key          = "list_group_sk"
+    projection_type    = "INCLUDE"
+    non_key_attributes = ["status"]
+  }
+
+  server_side_encryption {
+    enabled = true
+  }
+
+  point_in_time_recovery {
+    enabled = var.point_in_time_recovery
+  }
+
+  tags = var.tags
+}

@@ -1,0 +1,28 @@
+variable "region" {
+  description = "AWS region to deploy to."
+  type        = string
+  default     = "us-east-1"
+}
+
+variable "name" {
+  description = "Prefix of every resource name."
+  type        = string
+  default     = "workflow"
+}
+
+variable "package_file" {
+  description = "Path of the deployment package: a zip holding your app (worker.py and api.py, see the README) with celery_workflow and its dependencies."
+  type        = string
+}
+
+variable "base_url" {
+  description = "Public URL of the HTTP endpoints including their /v1/workflow prefix (webhook URLs are built from it); empty: webhooks are off."
+  type        = string
+  default     = ""
+}
+
+variable "runtime" {
+  description = "Lambda runtime of both functions."
+  type        = string
+  default     = "python3.11"
+}

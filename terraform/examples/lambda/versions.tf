@@ -1,0 +1,14 @@
+terraform {
+  required_version = ">= 1.3"
+
+  required_providers {
+    aws = {
+      source  = "hashicorp/aws"
+      version = ">= 5.70"
+    }
+  }
+}
+
+provider "aws" {
+  region = var.region
+}
