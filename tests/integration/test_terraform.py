@@ -7,6 +7,7 @@ One root config applies the module twice (in one apply, to save time):
 
 * ``workflow`` (``cwtf``): the Scheduler, a standard ``backfill`` and a FIFO ``ordered`` queue, the policies attached
   to a worker and an API role; the worker and the client of the end-to-end test run on it;
+* ``apps``: ``terraform/examples/step_functions``, the two examples' Tasks table, sample queues and policy;
 * ``plain`` (``cwtf-plain``): no Scheduler, and ``worker_function_name`` set, so the SQS event source mappings are
   created. moto invokes a mapped function synchronously whenever a message reaches its queue (in Docker), so no
   message is ever sent to this instance's queues: only the mappings themselves are checked.
@@ -18,6 +19,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import threading
 import urllib.parse
 import urllib.request
@@ -104,6 +106,11 @@ resource "aws_iam_role" "function" {
   assume_role_policy = data.aws_iam_policy_document.lambda_trust.json
 }
 
+resource "aws_iam_role" "examples" {
+  name               = "cwtf-examples-role"
+  assume_role_policy = data.aws_iam_policy_document.lambda_trust.json
+}
+
 resource "aws_lambda_function" "worker" {
   function_name = "cwtf-worker"
   role          = aws_iam_role.function.arn
@@ -126,6 +133,18 @@ module "workflow" {
     backfill = {}
     ordered  = { fifo = true, batch_size = 5, visibility_timeout_seconds = 120, max_receive_count = 3 }
   }
+}
+
+module "apps" {
+  source = "@MODULE@/examples/step_functions"
+
+  tasks_table  = "cwtf-Tasks"
+  sample_queue = "cwtf-sample"
+  role_name    = aws_iam_role.examples.name
+}
+
+output "apps" {
+  value = module.apps
 }
 
 module "plain" {
@@ -287,7 +306,7 @@ def test_module_is_formatted(terraform_setup: tuple[str, Path], applying: Deploy
     assert done.stdout == ""
 
 
-@pytest.mark.parametrize("folder", [".", "examples/lambda"])
+@pytest.mark.parametrize("folder", [".", "examples/lambda", "examples/step_functions"])
 def test_module_and_lambda_example_validate(
     terraform_setup: tuple[str, Path], applying: Deployment, tmp_path: Path, folder: str
 ) -> None:
@@ -673,6 +692,62 @@ def test_backfill_runs_on_the_terraform_queue_within_the_policies(deployment: De
 
 
 # -- destroy --------------------------------------------------------------------------------------------------------
+
+
+def test_the_examples_resources_are_what_their_setup_commands_make(deployment: Deployment, tmp_path: Path) -> None:
+    """terraform/examples/step_functions makes the Tasks table and the sample queues as `python -m examples.task_status
+    setup` and `python -m examples.sqs_redrive setup` do, and attaches the examples' policy to the role it is given."""
+    apps = deployment.outputs["apps"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(MODULE_DIR.parent),
+        "CELERY_WORKFLOW_URL": f"sqlite:///{tmp_path / 'world.sqlite3'}",
+        "AWS_ENDPOINT_URL": deployment.moto,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+
+    def setup(example: str, *args: str, **extra: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", f"examples.{example}", "setup", *args],
+            env={**env, **extra}, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        return done.stdout
+
+    dynamodb, sqs = deployment.client("dynamodb"), deployment.client("sqs")
+    setup("task_status", TASKS_TABLE="setup-Tasks")
+
+    def shape(name: str) -> tuple[Any, ...]:
+        table = dynamodb.describe_table(TableName=name)["Table"]
+        attributes = sorted(table["AttributeDefinitions"], key=lambda a: a["AttributeName"])
+        return table["KeySchema"], attributes, table["BillingModeSummary"]["BillingMode"]
+
+    assert shape(apps["tasks_table"]) == shape("setup-Tasks")
+    assert shape("cwtf-Tasks")[0] == [
+        {"AttributeName": "taskId", "KeyType": "HASH"},
+        {"AttributeName": "timestamp", "KeyType": "RANGE"},
+    ]
+
+    made = json.loads(setup("sqs_redrive", "--name", "setup-sample"))
+
+    def queue(url: str) -> dict[str, Any]:
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        policy = json.loads(attributes["RedrivePolicy"])
+        dlq_name = policy["deadLetterTargetArn"].rsplit(":", 1)[-1]
+        return {
+            "maxReceiveCount": int(policy["maxReceiveCount"]),
+            "VisibilityTimeout": attributes["VisibilityTimeout"],
+            "dlq": dlq_name.removeprefix(attributes["QueueArn"].rsplit(":", 1)[-1]),
+        }
+
+    assert queue(apps["sample_queue_url"]) == queue(made["queueUrl"]) == {
+        "maxReceiveCount": 3, "VisibilityTimeout": "30", "dlq": "-dlq",
+    }  # fmt: skip
+    assert apps["dead_letter_queue_arn"] == arn("sqs", "cwtf-sample-dlq")
+    iam = deployment.client("iam")
+    attached = iam.list_attached_role_policies(RoleName="cwtf-examples-role")["AttachedPolicies"]
+    assert [p["PolicyArn"] for p in attached] == [apps["policy_arn"]]
 
 
 def test_destroy_removes_everything(deployment: Deployment) -> None:
