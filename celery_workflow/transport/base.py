@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -89,6 +90,21 @@ _to_rabbitmq_queue_arguments: Any = _kombu_base.to_rabbitmq_queue_arguments
 
 
 MIN_WAIT = 0.001
+#: How often a blocked ``drain_events`` looks whether the Celery worker around it was asked to stop.
+STOP_CHECK = 0.2
+
+
+def worker_stopping() -> bool:
+    """Whether a Celery worker in this process was asked to stop (SIGTERM, SIGQUIT, ``celery control shutdown``).
+
+    Celery's signal handlers only set a flag, which its blocking loop reads between ``drain_events`` calls (each up
+    to 2 s). A transport waiting on its store reads the flag too and returns early, so a warm shutdown starts at
+    once. Read through ``sys.modules``: the transport does not import Celery, and outside a worker this is False."""
+    state = sys.modules.get("celery.worker.state")
+    if state is None:
+        return False
+    flags = (getattr(state, "should_stop", None), getattr(state, "should_terminate", None))
+    return any(flag is not None and flag is not False for flag in flags)  # EX_OK is 0: a stop, though falsy
 
 
 class StoreChannel(_VirtualChannel):  # type: ignore[misc]
@@ -457,9 +473,11 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             if timeout is not None:
                 wait = min(wait, timeout - elapsed)
             wait = min(wait, self._next_due(queues) - time.time(), self._until_maintenance())
+            if worker_stopping():
+                raise TimeoutError  # back to Celery's loop, which starts the shutdown
             # changes since the last poll (even those before this call) end the wait at once
             token = self._token if self._token is not None else self.change_token(queues)
-            if self.wait_for_change(token, max(wait, MIN_WAIT)):
+            if self.wait_for_change(token, min(max(wait, MIN_WAIT), STOP_CHECK)):
                 self._dirty = True
 
     def _next_due(self, queues: Sequence[str]) -> float:

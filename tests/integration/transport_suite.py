@@ -65,6 +65,24 @@ class TransportSuite:
         assert message.delivery_tag == message.delivery_info["cw_receipt"]
         assert store.peek() == []
 
+    def test_a_worker_asked_to_stop_is_not_kept_waiting(
+        self, connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Celery's SIGTERM handler only sets ``state.should_stop`` (to EX_OK, 0: falsy), which its loop reads between
+        ``drain_events`` calls: a drain waiting on an idle queue returns so the warm shutdown starts, instead of
+        waiting out its timeout."""
+        from celery.worker import state
+
+        conn = connect()
+        queue = Queue("idle", Exchange("idle"), routing_key="idle")
+        with Consumer(conn.channel(), [queue], callbacks=[collector([])], accept=["json"]):
+            monkeypatch.setattr(state, "should_stop", 0)
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=3600)  # without the check: an hour (the suite's timeout fails it first)
+            monkeypatch.setattr(state, "should_stop", None)
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=0.05)  # a running worker's drain still waits for its timeout
+
     def test_requeue_redelivers_and_reject_backs_off(self, connect: Callable[..., Connection], store: Any) -> None:
         conn = connect()
         queue = Queue("jobs", Exchange("jobs"), routing_key="jobs")
