@@ -22,7 +22,35 @@ locals {
   table_resources = [aws_dynamodb_table.this.arn, "${aws_dynamodb_table.this.arn}/index/*"]
 }
 
+# Both sides, with the Scheduler: create and delete our schedules (celery-workflow-<id>), and pass the Scheduler role
+# they name (the seed lists iam:PassRole for the worker only; AWS needs it for the API's CreateSchedule as well).
+data "aws_iam_policy_document" "schedules" {
+  count = var.enable_scheduler ? 1 : 0
+
+  statement {
+    sid       = "Schedules"
+    effect    = "Allow"
+    actions   = ["scheduler:CreateSchedule", "scheduler:DeleteSchedule"]
+    resources = [local.schedule_arn_pattern]
+  }
+
+  statement {
+    sid       = "PassSchedulerRole"
+    effect    = "Allow"
+    actions   = ["iam:PassRole"]
+    resources = [aws_iam_role.scheduler[0].arn]
+
+    condition {
+      test     = "StringEquals"
+      variable = "iam:PassedToService"
+      values   = ["scheduler.amazonaws.com"]
+    }
+  }
+}
+
 data "aws_iam_policy_document" "worker" {
+  source_policy_documents = data.aws_iam_policy_document.schedules[*].json
+
   statement {
     sid       = "Table"
     effect    = "Allow"
@@ -49,35 +77,11 @@ data "aws_iam_policy_document" "worker" {
     ]
     resources = local.queue_arns
   }
-
-  dynamic "statement" {
-    for_each = var.enable_scheduler ? [1] : []
-    content {
-      sid       = "Schedules"
-      effect    = "Allow"
-      actions   = ["scheduler:CreateSchedule", "scheduler:DeleteSchedule"]
-      resources = [local.schedule_arn_pattern]
-    }
-  }
-
-  dynamic "statement" {
-    for_each = var.enable_scheduler ? [1] : []
-    content {
-      sid       = "PassSchedulerRole"
-      effect    = "Allow"
-      actions   = ["iam:PassRole"]
-      resources = [aws_iam_role.scheduler[0].arn]
-
-      condition {
-        test     = "StringEquals"
-        variable = "iam:PassedToService"
-        values   = ["scheduler.amazonaws.com"]
-      }
-    }
-  }
 }
 
 data "aws_iam_policy_document" "api" {
+  source_policy_documents = data.aws_iam_policy_document.schedules[*].json
+
   statement {
     sid       = "Table"
     effect    = "Allow"
@@ -90,33 +94,6 @@ data "aws_iam_policy_document" "api" {
     effect    = "Allow"
     actions   = ["sqs:SendMessage"]
     resources = local.queue_arns
-  }
-
-  dynamic "statement" {
-    for_each = var.enable_scheduler ? [1] : []
-    content {
-      sid       = "Schedules"
-      effect    = "Allow"
-      actions   = ["scheduler:CreateSchedule", "scheduler:DeleteSchedule"]
-      resources = [local.schedule_arn_pattern]
-    }
-  }
-
-  # Not in the seed, which forgot it: CreateSchedule naming the Scheduler role needs iam:PassRole on it.
-  dynamic "statement" {
-    for_each = var.enable_scheduler ? [1] : []
-    content {
-      sid       = "PassSchedulerRole"
-      effect    = "Allow"
-      actions   = ["iam:PassRole"]
-      resources = [aws_iam_role.scheduler[0].arn]
-
-      condition {
-        test     = "StringEquals"
-        variable = "iam:PassedToService"
-        values   = ["scheduler.amazonaws.com"]
-      }
-    }
   }
 }
 

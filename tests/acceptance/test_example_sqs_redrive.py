@@ -12,7 +12,6 @@ The whole path runs on each World; the no-task, failed-task, idempotent-start an
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import secrets
@@ -30,7 +29,7 @@ from celery_workflow import WorkflowFailed
 from celery_workflow.testing.move_tasks import MessageMoveTaskProxy
 from tests.integration.aws_fixtures import CREDENTIALS, REGION, moto_fixture  # noqa: F401
 
-from .workers import Worker, aws_environment, postgres_schema, wait_for
+from .workers import Worker, aws_environment, imported_app, postgres_schema, wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -78,28 +77,14 @@ def worker(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Ite
     w = Worker(EXAMPLE, env, tmp_path_factory.mktemp("logs") / "redrive-worker.log", ["-c", "2"], cwd=ROOT)
     w.wait_ready()
     yield w
-    w.kill()  # every run has ended by now; a warm shutdown would only wait out the transport's poll (~6 s)
+    w.kill()  # every run has ended by now: nothing is left for a warm shutdown to finish
 
 
 @pytest.fixture(scope="module")
 def example(env: dict[str, str], worker: Worker) -> Iterator[ModuleType]:
     """The example imported in this process (the client side), with ``env`` in ``os.environ`` while it is used."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
-    sys.modules.pop(EXAMPLE, None)
-    try:
-        yield importlib.import_module(EXAMPLE)
-    finally:
-        module = sys.modules.pop(EXAMPLE, None)
-        if module is not None:
-            module.wf.close()
-        sys.path.remove(str(ROOT))
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with imported_app(EXAMPLE, env, path=ROOT) as module:
+        yield module
 
 
 def cli(env: dict[str, str], *args: str, **extra: str) -> str:

@@ -4,7 +4,6 @@ over the Flask RPC and from the command line; the item is "Started" while the ru
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import secrets
@@ -22,7 +21,7 @@ import pytest
 from celery_workflow import RunNotFound
 from tests.integration.aws_fixtures import CREDENTIALS, REGION, moto_fixture  # noqa: F401
 
-from .workers import Worker, aws_environment, postgres_schema, wait_for
+from .workers import Worker, aws_environment, imported_app, postgres_schema, wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -62,22 +61,10 @@ def dynamodb(env: dict[str, str]) -> Any:
 def example(env: dict[str, str]) -> Iterator[ModuleType]:
     """The example imported in the test process (the client side: handler, Flask app, table), bound to ``env``; the
     Tasks table created (and deleted afterwards)."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    sys.modules.pop(MODULE, None)
-    try:
-        module = importlib.import_module(MODULE)
+    with imported_app(MODULE, env, path=ROOT) as module:
         module.tasks_table().create()
         yield module
-        module.wf.close()
-        dynamodb(env).delete_table(TableName=env["TASKS_TABLE"])
-    finally:
-        sys.modules.pop(MODULE, None)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    dynamodb(env).delete_table(TableName=env["TASKS_TABLE"])
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +72,7 @@ def worker(example: ModuleType, env: dict[str, str], tmp_path_factory: pytest.Te
     w = Worker(MODULE, env, tmp_path_factory.mktemp("logs") / "task-status-worker.log", ["-c", "2"], cwd=ROOT)
     w.wait_ready(60)
     yield w
-    w.kill()  # every run has ended; a warm shutdown would take some 6 s per World
+    w.kill()  # every run has ended: nothing is left for a warm shutdown to finish
 
 
 def cli(env: dict[str, str], *args: str) -> str:

@@ -86,11 +86,12 @@ class Worker:
 
 
 @contextmanager
-def imported_app(name: str, env: dict[str, str]) -> Iterator[ModuleType]:
-    """Import the app module ``name`` from ``apps/`` in the test process (the client side), bound to ``env``."""
+def imported_app(name: str, env: dict[str, str], *, path: Path = APPS) -> Iterator[ModuleType]:
+    """Import the app module ``name`` from ``path`` (default ``apps/``) in the test process (the client side), bound
+    to ``env``; its ``wf`` is closed afterwards."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    sys.path.insert(0, str(APPS))
+    sys.path.insert(0, str(path))
     sys.modules.pop(name, None)
     try:
         yield importlib.import_module(name)
@@ -98,7 +99,7 @@ def imported_app(name: str, env: dict[str, str]) -> Iterator[ModuleType]:
         module = sys.modules.pop(name, None)
         if module is not None and hasattr(module, "wf"):
             module.wf.close()
-        sys.path.remove(str(APPS))
+        sys.path.remove(str(path))
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
