@@ -98,6 +98,12 @@ class Database:
 
     def _open(self) -> sqlite3.Connection:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:  # a new file is the owner's alone (SQLite gives its -wal and -shm files the same mode)
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise WorldError(f"cannot create SQLite database {self.path}: {exc}") from exc
         try:
             conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000

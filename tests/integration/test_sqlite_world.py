@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,3 +176,23 @@ def test_sqlite_errors_become_world_errors(tmp_path: Path) -> None:
     assert isinstance(info.value.__cause__, sqlite3.Error)
     with pytest.raises(WorldError):
         world.read_stream(run_id, "s")
+
+
+def test_a_new_database_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """The file holds every run's inputs and outputs and the queue workers execute: 0600, whatever the umask, and
+    SQLite's -wal and -shm files with it. An existing file keeps the mode its owner gave it."""
+    old = os.umask(0o022)
+    try:
+        world = SQLiteWorld.from_url(f"sqlite:///{tmp_path / 'w.sqlite3'}")
+        world.close()
+    finally:
+        os.umask(old)
+    for name in ("w.sqlite3", "w.sqlite3-wal", "w.sqlite3-shm"):
+        path = tmp_path / name
+        if path.exists():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, name
+    shared = tmp_path / "shared.sqlite3"
+    shared.touch(mode=0o640)
+    shared.chmod(0o640)
+    SQLiteWorld.from_url(f"sqlite:///{shared}").close()
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o640
