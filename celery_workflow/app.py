@@ -227,7 +227,28 @@ class Workflows:
         }
         conf.worker_prefetch_multiplier = 1
         conf.broker_connection_retry_on_startup = True
+        self._pin_json(conf)
         for name, value in spec.settings.items():
+            setattr(conf, name, value)
+
+    @staticmethod
+    def _pin_json(conf: Any) -> None:
+        """Messages on the World's queue are JSON, and nothing else is accepted: anyone who can write a row of the
+        queue table (or a message on its SQS queue) can then start tasks, but never run code of their choosing
+        through a pickle. A different setting made before is replaced, with a warning."""
+        pinned = {
+            "accept_content": ["json"],
+            "task_serializer": "json",
+            "result_serializer": "json",
+            "result_accept_content": ["json"],
+            "event_serializer": "json",
+        }
+        for name, value in pinned.items():
+            current = getattr(conf, name, None)
+            if current is not None and current != value and not (isinstance(value, list) and list(current) == value):
+                log.warning(
+                    "celery_workflow: %s=%r replaced by %r (the World's queue takes JSON only)", name, current, value
+                )
             setattr(conf, name, value)
 
     def _connect_worker_signals(self) -> None:

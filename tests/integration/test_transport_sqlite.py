@@ -62,3 +62,24 @@ def test_url_forms() -> None:
 
 class TestSQLiteTransport(TransportSuite):
     """The shared transport suite on this transport."""
+
+
+def test_workflows_pin_the_queue_to_json(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Write access to the queue must never be code execution: whatever the app said before, its workers accept
+    JSON only (a pickled message is refused, not loaded), and the replaced setting is named in a warning."""
+    from celery import Celery
+
+    from celery_workflow import Workflows
+
+    app = Celery("pinned")
+    app.conf.accept_content = ["pickle", "json"]
+    app.conf.task_serializer = "pickle"
+    wf = Workflows(app, world=f"sqlite:///{tmp_path / 'w.sqlite3'}")
+    try:
+        assert list(app.conf.accept_content) == ["json"]
+        assert app.conf.task_serializer == app.conf.result_serializer == app.conf.event_serializer == "json"
+        assert list(app.conf.result_accept_content) == ["json"]
+        assert "accept_content=['pickle', 'json'] replaced" in caplog.text
+        assert "task_serializer='pickle' replaced" in caplog.text
+    finally:
+        wf.close()
