@@ -36,7 +36,7 @@ from celery_workflow import ids
 from celery_workflow._backend.broker import parse_receipt
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
-from celery_workflow._postgres.database import CHANNEL_RUNS, Result, Script
+from celery_workflow._postgres.database import CHANNEL_RUNS, Result, Script, notify_sql
 from celery_workflow._postgres.rows import (
     CODEC,
     COLUMNS,
@@ -151,7 +151,7 @@ class PgAppend:
         if request.ack is not None:
             queue.add_delete_claim(script, request.ack)
         if plan.run_ended:
-            script.add("SELECT pg_notify(%s, %s)", (CHANNEL_RUNS, plan.run.run_id))
+            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (plan.run.run_id,))
         script.add("COMMIT")
 
 

@@ -45,6 +45,15 @@ CHANNEL_QUEUE = "celery_workflow_queue"
 CHANNEL_RUNS = "celery_workflow_runs"
 CHANNEL_STREAMS = "celery_workflow_streams"
 CHANNELS = (CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS)
+#: NOTIFY channels are per database, so each logical channel above is suffixed with a tag of the schema the tables
+#: are in (the session's ``current_schema()``, the first schema of its search_path that exists): two apps in two
+#: schemas of one database never hear each other. Senders compute it in SQL, the listener once per connection.
+SCHEMA_TAG = "left(md5(coalesce(current_schema(), '')), 12)"
+
+
+def notify_sql(channel: str, payload: str = "%s") -> str:
+    """``pg_notify`` on ``channel`` of the session's schema, with ``payload`` (an SQL expression or placeholder)."""
+    return f"pg_notify('{channel}_' || {SCHEMA_TAG}, {payload})"
 
 _MAX_KEYS = 10_000
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)
@@ -285,6 +294,7 @@ class Listener:
     def __init__(self, conninfo: str, channels: Iterable[str]) -> None:
         self.conninfo = conninfo
         self.channels = tuple(channels)
+        self.tag = ""  # the schema's tag, set on connecting (see SCHEMA_TAG)
         self._cond = threading.Condition()
         self._generations: dict[tuple[str, str | None], int] = {}
         self._epoch = 0  # bumped on (re)connect: every waiter re-checks
@@ -327,8 +337,10 @@ class Listener:
             try:
                 with psycopg.connect(self.conninfo, autocommit=True) as conn:
                     self._conn = conn
+                    row = conn.execute(f"SELECT {SCHEMA_TAG}").fetchone()
+                    self.tag = str(row[0]) if row else ""
                     for channel in self.channels:
-                        conn.execute(f'LISTEN "{channel}"')
+                        conn.execute(f'LISTEN "{channel}_{self.tag}"')
                     with self._cond:
                         self._epoch += 1
                         self._cond.notify_all()
@@ -336,7 +348,7 @@ class Listener:
                     delay = 0.1
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=64):
-                            self._record(note.channel, note.payload)
+                            self._record(note.channel.removesuffix(f"_{self.tag}"), note.payload)
             except psycopg.Error as exc:
                 if self._stop.is_set():
                     return

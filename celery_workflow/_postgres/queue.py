@@ -27,7 +27,7 @@ Guarantees (the seed's worker model):
   durable commit, at most ``wal_writer_delay`` later, takes them along): a database crash can lose the last moments
   of them, and a message whose claim or ack was lost is delivered again, as at-least-once delivery allows. This
   saves a disk flush per claim and per ack.
-* Every insert sends ``pg_notify('celery_workflow_queue', <queue>)`` in the inserting transaction (so listeners hear
+* Every insert sends ``pg_notify on the schema's celery_workflow_queue channel`` in the inserting transaction (so listeners hear
   it at commit, never before); a release notifies too (the row is claimable again at once).
 * Messages on a queue declared with ``x-message-ttl`` expire that long after they are *due*; expired rows are never
   claimed and :meth:`PostgresQueue.gc` deletes them unless someone holds them.

@@ -15,7 +15,7 @@ from celery_workflow._backend.broker import (
     QUEUE,
     queue_tables,
 )
-from celery_workflow._postgres.database import CHANNEL_QUEUE
+from celery_workflow._postgres.database import CHANNEL_QUEUE, notify_sql
 
 Q = QUEUE
 QUEUES = BROKER_QUEUES
@@ -31,7 +31,7 @@ TABLES = queue_tables(
 
 # "now": the database clock, unless a test clock is set (then every statement gets it as %(now)s).
 NOW = "COALESCE(%(now)s::timestamptz, now())"
-NOTIFY = f"pg_notify('{CHANNEL_QUEUE}', queue)"
+NOTIFY = notify_sql(CHANNEL_QUEUE, "queue")
 
 # A row is claimable at now when it is due, its lease (if any) has run out and it has not expired.
 CLAIMABLE = (

@@ -26,13 +26,16 @@ import psycopg
 from celery_workflow import ids
 from celery_workflow._backend.checks import check_chunks, check_stream_name
 from celery_workflow._backend.waiting import wait_until
-from celery_workflow._postgres.database import CHANNEL_STREAMS, PgDatabase
+from celery_workflow._postgres.database import CHANNEL_STREAMS, PgDatabase, notify_sql
 from celery_workflow.errors import EventConflict, RunNotFound
 from celery_workflow.world import StreamChunk, StreamPage
 
 __all__ = ["PgStreams", "stream_key"]
 
 Conn = psycopg.Connection[Any]
+
+
+_NOTIFY_STREAM = f"SELECT {notify_sql(CHANNEL_STREAMS)}"
 
 
 def stream_key(run_id: str, name: str) -> str:
@@ -95,7 +98,7 @@ class PgStreams:
                     "UPDATE celery_workflow_streams SET chunk_count = %s, updated_at = %s WHERE run_id = %s AND name = %s",
                     (count + len(data), now, run_id, name),
                 )
-                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_STREAMS, stream_key(run_id, name)))
+                conn.execute(_NOTIFY_STREAM, (stream_key(run_id, name),))
             return count + len(data)
 
         return self.db.run(tx, what="stream write")
@@ -112,7 +115,7 @@ class PgStreams:
                 " updated_at = excluded.updated_at WHERE celery_workflow_streams.closed = false",
                 (run_id, name, now, now),
             )
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL_STREAMS, stream_key(run_id, name)))
+            conn.execute(_NOTIFY_STREAM, (stream_key(run_id, name),))
 
         self.db.run(tx, what="stream close")
 

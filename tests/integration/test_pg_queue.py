@@ -13,11 +13,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase
+from celery_workflow._postgres.database import CHANNEL_QUEUE, SCHEMA_TAG, PgDatabase
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.errors import WorldError
 from celery_workflow.world import Delivery
-from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture  # noqa: F401
+from tests.integration.pg_fixtures import fresh_schema, pg_schema_fixture, pg_url_fixture, schema_url  # noqa: F401
 from tests.integration.queue_suite import Clock, QueueStoreSuite, at, claim_in_processes
 
 
@@ -117,11 +117,11 @@ def test_a_claim_skips_rows_locked_by_another_transaction(queue: PostgresQueue, 
 
 
 def test_notify_is_sent_in_the_inserting_transaction(queue: PostgresQueue, url: str) -> None:
-    # channels are per database, not per schema: tests running elsewhere notify too, so queue names are unique here
     tag = uuid.uuid4().hex[:8]
     jobs, other, q1, q2 = (f"{name}-{tag}" for name in ("jobs", "other", "q1", "q2"))
     with psycopg.connect(url, autocommit=True) as listener:
-        listener.execute(f"LISTEN {CHANNEL_QUEUE}")
+        (schema_tag,) = listener.execute(f"SELECT {SCHEMA_TAG}").fetchone() or ("",)
+        listener.execute(f'LISTEN "{CHANNEL_QUEUE}_{schema_tag}"')  # this schema's channel
 
         def heard(expected: int = 0) -> list[str]:
             """This test's next ``expected`` notifications (within 5 s), or those within 0.3 s when none is expected."""
@@ -173,6 +173,35 @@ def test_waiters_wake_on_their_queues_only(db: PgDatabase) -> None:
     anything = queue.change_token()
     queue.put(elsewhere, b"z")
     assert queue.wait_for_change(anything, 10) is True
+
+
+def test_two_schemas_of_one_database_never_hear_each_other(db: PgDatabase) -> None:
+    """NOTIFY channels are per database: each schema's are tagged, so another app's inserts (in its own schema) wake
+    nobody here, and nothing of this schema's queue names or run ids reaches its listeners."""
+    queue = PostgresQueue(db)
+    with fresh_schema("cw_other") as other_schema:
+        other = PgDatabase.open(schema_url(other_schema), max_size=2)
+        try:
+            other.migrate()
+            listener, other_listener = db.listener, other.listener  # both connected before anything is sent
+            mine, marker = listener.mark(CHANNEL_QUEUE, "celery"), listener.mark(CHANNEL_QUEUE, "marker")
+            theirs_marker, theirs_end = (
+                other_listener.mark(CHANNEL_QUEUE, "marker"),
+                other_listener.mark(CHANNEL_QUEUE, "end"),
+            )
+            PostgresQueue(other).put("celery", b"theirs")
+            queue.put("celery", b"mine")
+            queue.put("marker", b"mine too")
+            PostgresQueue(other).put("end", b"theirs, last")
+            # a listener hears notifications in commit order: once the last one of its own schema is in, any
+            # leaked one would be too
+            assert listener.wait(CHANNEL_QUEUE, marker, 10, key="marker")
+            assert listener.mark(CHANNEL_QUEUE, "celery")[1] == mine[1] + 1  # its own insert, not theirs
+            assert other_listener.wait(CHANNEL_QUEUE, theirs_end, 10, key="end")
+            assert other_listener.mark(CHANNEL_QUEUE, "marker")[1] == theirs_marker[1]  # never heard this one
+            assert listener.tag != other_listener.tag
+        finally:
+            other.close()
 
 
 # -- several processes ---------------------------------------------------------------------------------------------
