@@ -12,6 +12,16 @@ Bad input never yields a 500 and never changes anything.
 ``ANY {prefix}/webhooks/<token>`` resumes a hook created with ``create_webhook()`` (plain hooks are not reachable
 from outside: their tokens may be guessable). It answers 202, the webhook's fixed response, or, for
 ``respond_with="manual"``, the response a step gives with ``request.respond(...)`` (504 if none comes in time).
+Webhooks are safe by default:
+
+* a webhook answers **once**: its first accepted request is recorded, a later one gets ``410`` with the code
+  ``webhook_used`` and records nothing; of two simultaneous first requests the World's append takes exactly one.
+  A webhook the workflow iterates is created with ``create_webhook(many=True)`` and records every request;
+* ``HEAD`` answers 204 with no body and ``OPTIONS`` 204 with ``Allow``; neither reads a body nor resumes the hook;
+* the ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` request headers are not recorded unless the webhook
+  was created with ``keep_credentials=True``;
+* an unknown token, a plain hook's token and a webhook whose run has ended all get the same ``404``
+  (``hook_not_found``, one message), so a plain hook's existence is not revealed.
 
 There is no authentication here: expose only :func:`webhook_blueprint` publicly, and wrap :func:`rpc_blueprint` in
 your own authentication (a ``before_request`` on the blueprint, or a private network). This is the only module that
@@ -22,12 +32,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from celery_workflow import codec
 from celery_workflow.errors import (
@@ -64,6 +75,12 @@ MAX_WAIT = 30.0
 #: How long a webhook caller waits for a ``respond_with="manual"`` response.
 WEBHOOK_RESPONSE_TIMEOUT = 30.0
 EXTENSION_KEY = "celery_workflow"
+#: The largest ``list_runs`` answer: a page is cut short (with a cursor to the rest) rather than grow past it.
+MAX_RESPONSE = 8 * 1_048_576
+#: ``authorize(request, method)``: True lets the RPC call through.
+Authorize = Callable[[Any, str], bool]
+
+log = logging.getLogger("celery_workflow.api")
 
 
 # -- params ------------------------------------------------------------------------------------------------------------
@@ -73,52 +90,62 @@ class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+#: An id, token, name or cursor: no NUL (SQL text columns refuse it; it is bad input, not an outage).
+Text = Annotated[str, AfterValidator(_no_nul)]
+#: Positions and counts are 64-bit integers in every World.
+MAX_INT64 = 2**63 - 1
 RunId = Field(min_length=1, max_length=200)
 
 
 class StartParams(_Params):
-    workflow: str = Field(min_length=1, max_length=200)
+    workflow: Text = Field(min_length=1, max_length=200)
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    run_id: str | None = Field(default=None, min_length=1, max_length=200)
+    run_id: Text | None = Field(default=None, min_length=1, max_length=200)
 
 
 class GetRunParams(_Params):
-    run_id: str = RunId
+    run_id: Text = RunId
     wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
 
 
 class ListRunsParams(_Params):
-    workflow: str | None = Field(default=None, max_length=200)
+    workflow: Text | None = Field(default=None, max_length=200)
     status: Literal["pending", "running", "completed", "failed", "cancelled"] | None = None
     limit: int = Field(default=100, ge=1, le=1000)
-    cursor: str | None = Field(default=None, max_length=400)
+    cursor: Text | None = Field(default=None, max_length=400)
 
 
 class ListEventsParams(_Params):
-    run_id: str = RunId
-    after_slot: int = Field(default=0, ge=0)
+    run_id: Text = RunId
+    after_slot: int = Field(default=0, ge=0, le=MAX_INT64)
     limit: int = Field(default=1000, ge=1, le=1000)
 
 
 class RunParams(_Params):
-    run_id: str = RunId
+    run_id: Text = RunId
 
 
 class CancelParams(_Params):
-    run_id: str = RunId
+    run_id: Text = RunId
     reason: str | None = Field(default=None, max_length=1000)
 
 
 class ResumeHookParams(_Params):
-    token: str = Field(min_length=1, max_length=512)
+    token: Text = Field(min_length=1, max_length=512)
     payload: Any = None
 
 
 class ReadStreamParams(_Params):
-    run_id: str = RunId
-    name: str = Field(default="default", min_length=1, max_length=512)
-    start: int = Field(default=0, ge=0)
+    run_id: Text = RunId
+    name: Text = Field(default="default", min_length=1, max_length=512)
+    start: int = Field(default=0, ge=0, le=MAX_INT64)
     limit: int = Field(default=100, ge=1, le=1000)
     wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
 
@@ -197,8 +224,15 @@ class _Methods:
         return {"run": run_json(view)}
 
     def list_runs(self, p: ListRunsParams) -> dict[str, Any]:
-        page = self.wf.world.list_runs(workflow=p.workflow, status=p.status, limit=p.limit, cursor=p.cursor)
-        return {"runs": [run_json(r) for r in page.items], "cursor": page.cursor}
+        """A page of at most ``limit`` runs and at most :data:`MAX_RESPONSE` bytes: a page over it is asked again
+        with half the limit (the World's own cursor then points after its last run)."""
+        limit = p.limit
+        while True:
+            page = self.wf.world.list_runs(workflow=p.workflow, status=p.status, limit=limit, cursor=p.cursor)
+            runs = [run_json(r) for r in page.items]
+            if limit == 1 or len(json.dumps(runs, default=str)) <= MAX_RESPONSE:
+                return {"runs": runs, "cursor": page.cursor}
+            limit = max(1, limit // 2)
 
     def list_events(self, p: ListEventsParams) -> dict[str, Any]:
         events = self.wf.world.list_events(p.run_id, after_slot=p.after_slot, limit=p.limit + 1)
@@ -288,7 +322,7 @@ def _read_body(limit: int) -> bytes | Response:
 # -- blueprints --------------------------------------------------------------------------------------------------------
 
 
-def _rpc_view(wf: Workflows, max_body: int) -> Callable[[], Response]:
+def _rpc_view(wf: Workflows, max_body: int, authorize: Authorize | None) -> Callable[[], Response]:
     methods = _Methods(wf)
 
     def rpc() -> Response:
@@ -296,6 +330,8 @@ def _rpc_view(wf: Workflows, max_body: int) -> Callable[[], Response]:
             resp = _error(405, "method_not_allowed", "the RPC endpoint takes POST")
             resp.headers["Allow"] = "POST"
             return resp
+        if request.mimetype != "application/json":  # a browser form or a text/plain post never gets this far
+            return _error(415, "unsupported_media_type", "the RPC endpoint takes Content-Type: application/json")
         body = _read_body(max_body)
         if isinstance(body, Response):
             return body
@@ -303,12 +339,18 @@ def _rpc_view(wf: Workflows, max_body: int) -> Callable[[], Response]:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             return _error(400, "invalid_request", f"the body is not JSON: {exc}")
+        except RecursionError:
+            return _error(400, "invalid_request", "the body nests deeper than the JSON parser allows")
         if not isinstance(doc, dict) or not isinstance(doc.get("method"), str):
             return _error(400, "invalid_request", 'the body must be {"method": "...", "params": {...}}')
         extra = set(doc) - {"method", "params"}
         if extra:
             return _error(400, "invalid_request", f"unknown top-level fields: {sorted(extra)}")
         name = doc["method"]
+        if authorize is not None and not authorize(request, name):
+            if "Authorization" not in request.headers:
+                return _error(401, "unauthorized", f"{name}: credentials required")
+            return _error(403, "forbidden", f"{name}: not allowed")
         model = METHODS.get(name)
         if model is None:
             return _error(404, "method_not_found", f"no RPC method {name!r}; methods: {sorted(METHODS)}")
@@ -324,18 +366,40 @@ def _rpc_view(wf: Workflows, max_body: int) -> Callable[[], Response]:
             return _ok(getattr(methods, name)(params))
         except CeleryWorkflowError as exc:
             return error_response(exc)
+        except RecursionError:  # a payload nested deeper than encoding it allows
+            return _error(400, "invalid_params", f"invalid params for {name}: nested too deeply")
 
     return rpc
 
 
+#: The methods a webhook answers; HEAD and OPTIONS never resume it.
+WEBHOOK_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _no_webhook() -> Response:
+    """The one answer for an unknown token, a plain hook's token and a webhook gone meanwhile: a plain hook's
+    existence is not revealed."""
+    return _error(404, "hook_not_found", "no webhook has this token")
+
+
 def _webhook_view(wf: Workflows, max_body: int, response_timeout: float) -> Callable[[str], Response]:
+    from celery_workflow.errors import WebhookUsed
+
     def webhook(token: str) -> Response:
+        if request.method == "OPTIONS":  # answered without looking the token up
+            resp = Response(status=204)
+            resp.headers["Allow"] = ", ".join(WEBHOOK_METHODS)
+            return resp
         try:
             hook = wf.world.get_hook_by_token(token)
+        except HookNotFound:
+            return _no_webhook()
         except CeleryWorkflowError as exc:
             return error_response(exc)
         if not hook.is_webhook:
-            return _error(404, "hook_not_found", f"no webhook has token {token!r}")
+            return _no_webhook()
+        if request.method == "HEAD":  # a probe: nothing is read, recorded or resumed
+            return Response(status=204)
         body = _read_body(max_body)
         if isinstance(body, Response):
             return body
@@ -349,7 +413,13 @@ def _webhook_view(wf: Workflows, max_body: int, response_timeout: float) -> Call
             response_stream=stream,
         )
         try:
-            wf.runtime.resume_webhook(token, req)
+            # The runtime drops credential headers unless the webhook keeps them, and a webhook that answers once
+            # takes the first request the World's append accepts; a later or losing one is WebhookUsed.
+            wf.runtime.resume_webhook(token, req, hook=hook)
+        except WebhookUsed:
+            return _error(410, "webhook_used", "this webhook answers once and has already had its request")
+        except HookNotFound:
+            return _no_webhook()
         except CeleryWorkflowError as exc:
             return error_response(exc)
         if stream is not None:
@@ -357,18 +427,33 @@ def _webhook_view(wf: Workflows, max_body: int, response_timeout: float) -> Call
         fixed = hook.respond_with
         if isinstance(fixed, dict):
             return _fixed_response(fixed)
-        return Response(json.dumps({"accepted": True}), status=202, mimetype="application/json")
+        return _accepted()
 
     return webhook
 
 
+def _accepted() -> Response:
+    return Response(json.dumps({"accepted": True}), status=202, mimetype="application/json")
+
+
 def _fixed_response(spec: dict[str, Any]) -> Response:
+    """The fixed response of a webhook, checked by ``create_webhook``. A malformed one (a webhook recorded before
+    that check) answers 202 after a warning: its request is recorded already."""
+    from celery_workflow.errors import InvalidWebhookResponse
+    from celery_workflow.runtime.context import check_response
+
+    try:
+        check_response(spec)
+    except InvalidWebhookResponse as exc:
+        log.warning("webhook fixed response ignored: %s", exc.message)
+        return _accepted()
     body = spec.get("body", "")
+    headers: dict[str, str] = dict(spec.get("headers", {}))
     payload = body if isinstance(body, str) else json.dumps(body)
-    resp = Response(payload, status=int(spec.get("status", 200)))
-    for key, value in dict(spec.get("headers", {})).items():
-        resp.headers[str(key)] = str(value)
-    if not isinstance(body, str) and "content-type" not in {k.lower() for k in dict(spec.get("headers", {}))}:
+    resp = Response(payload, status=spec.get("status", 200))
+    for key, value in headers.items():
+        resp.headers[key] = value
+    if not isinstance(body, str) and "content-type" not in {k.lower() for k in headers}:
         resp.mimetype = "application/json"
     return resp
 
@@ -397,10 +482,22 @@ def _await_response(wf: Workflows, run_id: str, stream: str, timeout: float) -> 
             return _error(502, "no_response", "the run ended without responding")
 
 
-def rpc_blueprint(wf: Workflows, *, name: str = "celery_workflow_rpc", max_body: int = MAX_BODY) -> Blueprint:
-    """The RPC endpoint alone: ``POST /rpc``. Put it behind your own authentication."""
+def rpc_blueprint(
+    wf: Workflows, *, name: str = "celery_workflow_rpc", max_body: int = MAX_BODY, authorize: Authorize | None = None
+) -> Blueprint:
+    """The RPC endpoint alone: ``POST /rpc``, guarded by ``authorize(request, method) -> bool`` (denied: 401 when
+    the request carries no ``Authorization`` header, 403 otherwise). Without ``authorize`` anyone who reaches it can
+    start, cancel and resume runs: a warning says so, for an endpoint that is private by other means."""
+    if authorize is None:
+        log.warning(
+            "celery_workflow: RPC blueprint %r registered without authorize=: anyone who can reach it can start,"
+            " cancel and resume runs",
+            name,
+        )
     bp = Blueprint(name, __name__)
-    bp.add_url_rule("/rpc", "rpc", _rpc_view(wf, max_body), methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    bp.add_url_rule(
+        "/rpc", "rpc", _rpc_view(wf, max_body, authorize), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+    )
     return bp
 
 
@@ -417,15 +514,18 @@ def webhook_blueprint(
         "/webhooks/<path:token>",
         "webhook",
         _webhook_view(wf, max_body, response_timeout),
-        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        methods=list(WEBHOOK_METHODS),  # HEAD and OPTIONS listed: the view answers them without resuming
     )
     return bp
 
 
-def blueprint(wf: Workflows, *, name: str = "celery_workflow", max_body: int = MAX_BODY) -> Blueprint:
-    """RPC and webhooks together; register it under a prefix, e.g. ``url_prefix="/v1/workflow"``."""
+def blueprint(
+    wf: Workflows, *, name: str = "celery_workflow", max_body: int = MAX_BODY, authorize: Authorize | None = None
+) -> Blueprint:
+    """RPC and webhooks together; register it under a prefix, e.g. ``url_prefix="/v1/workflow"``. ``authorize``
+    guards the RPC (see :func:`rpc_blueprint`); webhooks are authorised by their tokens alone."""
     bp = Blueprint(name, __name__)
-    bp.register_blueprint(rpc_blueprint(wf, max_body=max_body))
+    bp.register_blueprint(rpc_blueprint(wf, max_body=max_body, authorize=authorize))
     bp.register_blueprint(webhook_blueprint(wf, max_body=max_body))
     return bp
 
@@ -438,10 +538,16 @@ class CeleryWorkflow:
     """
 
     def __init__(
-        self, app: Flask | None = None, wf: Workflows | None = None, *, url_prefix: str = "/v1/workflow"
+        self,
+        app: Flask | None = None,
+        wf: Workflows | None = None,
+        *,
+        url_prefix: str = "/v1/workflow",
+        authorize: Authorize | None = None,
     ) -> None:
         self.wf = wf
         self.url_prefix = url_prefix
+        self.authorize = authorize
         if app is not None:
             self.init_app(app)
 
@@ -450,7 +556,7 @@ class CeleryWorkflow:
         if workflows is None:
             raise TypeError("CeleryWorkflow needs the Workflows to serve")
         app.extensions[EXTENSION_KEY] = workflows
-        app.register_blueprint(blueprint(workflows), url_prefix=self.url_prefix)
+        app.register_blueprint(blueprint(workflows, authorize=self.authorize), url_prefix=self.url_prefix)
 
     @staticmethod
     def current() -> Workflows:

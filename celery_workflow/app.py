@@ -424,11 +424,12 @@ class Workflows:
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.runtime.cancel(run_id, reason)
 
-    def blueprint(self, *, name: str = "celery_workflow") -> Any:
-        """A Flask blueprint serving the RPC and webhook endpoints (``celery_workflow.api.blueprint``)."""
+    def blueprint(self, *, name: str = "celery_workflow", authorize: Callable[[Any, str], bool] | None = None) -> Any:
+        """A Flask blueprint serving the RPC and webhook endpoints (``celery_workflow.api.blueprint``); ``authorize``
+        (``(request, method) -> bool``) guards the RPC."""
         from celery_workflow import api
 
-        return api.blueprint(self, name=name)
+        return api.blueprint(self, name=name, authorize=authorize)
 
     def close(self) -> None:
         self.world.close()

@@ -148,10 +148,15 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def http_handler(
-    wf: Workflows, *, prefix: str = "/v1/workflow", binary_support: bool = True
+    wf: Workflows,
+    *,
+    prefix: str = "/v1/workflow",
+    binary_support: bool = True,
+    authorize: Callable[[Any, str], bool] | None = None,
 ) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
     """A Lambda handler serving ``wf``'s RPC and webhook endpoints under ``prefix`` (Function URL, API Gateway REST
-    or HTTP API, ALB), through ``apig-wsgi``."""
+    or HTTP API, ALB), through ``apig-wsgi``; ``authorize(request, method)`` guards the RPC as in
+    :func:`celery_workflow.api.rpc_blueprint`."""
     try:
         from apig_wsgi import make_lambda_handler
         from flask import Flask
@@ -161,7 +166,7 @@ def http_handler(
         ) from exc
 
     app = Flask("celery_workflow")
-    app.register_blueprint(wf.blueprint(), url_prefix=prefix)
+    app.register_blueprint(wf.blueprint(authorize=authorize), url_prefix=prefix)
     handler: Any = make_lambda_handler(app, binary_support=binary_support)
 
     def serve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
 
     CeleryWorkflowError
     ├── ConfigurationError          bad setup: unknown queue in a route, duplicate names, bad World URL
+    │   └── InvalidWebhookResponse  ``create_webhook(respond_with=...)`` given a malformed fixed response
     ├── PayloadError                a value that cannot be encoded or decoded as a payload
     │   └── PayloadTooLarge
     ├── WorldError                  a storage or driver failure (the driver error is ``__cause__``)
@@ -17,7 +18,8 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     │   │   ├── RunTerminal         the run has ended
     │   │   ├── EntityExists        the step, hook or wait was already created
     │   │   ├── EntityTerminal      the step or wait already has its terminal event
-    │   │   └── StaleLog            the append expected another event count
+    │   │   ├── StaleLog            the append expected another event count
+    │   │   └── WebhookUsed         a webhook that answers once has already received its request
     │   └── TooEarly                a step's retry delay has not passed (425)
     ├── WorkflowNotFound            no workflow registered under that name
     ├── ReplayDivergence            the event log does not match the workflow code
@@ -51,6 +53,10 @@ class CeleryWorkflowError(Exception):
 
 class ConfigurationError(CeleryWorkflowError):
     """Invalid configuration."""
+
+
+class InvalidWebhookResponse(ConfigurationError):
+    """The fixed response given to ``create_webhook(respond_with=...)`` is malformed."""
 
 
 class PayloadError(CeleryWorkflowError):
@@ -133,6 +139,10 @@ class EntityTerminal(EventConflict):
 
 class StaleLog(EventConflict):
     """The run's event count is not the one the append expected."""
+
+
+class WebhookUsed(EventConflict):
+    """The webhook answers once and has already received its request."""
 
 
 class TooEarly(EventRejected):

@@ -55,6 +55,7 @@ def notify_sql(channel: str, payload: str = "%s") -> str:
     """``pg_notify`` on ``channel`` of the session's schema, with ``payload`` (an SQL expression or placeholder)."""
     return f"pg_notify('{channel}_' || {SCHEMA_TAG}, {payload})"
 
+
 _MAX_KEYS = 10_000
 _RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)
 

@@ -13,12 +13,12 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from celery_workflow import codec
-from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, StepFailed
+from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, InvalidWebhookResponse, StepFailed
 
 if TYPE_CHECKING:
     from celery_workflow.runtime.replay import Replay
@@ -118,15 +118,87 @@ def create_hook(token: str | None = None, metadata: Any = None, *, payload_type:
     return _require_replay("create_hook").create_hook(token=token, metadata=metadata, payload_type=payload_type)
 
 
-def create_webhook(*, token: str | None = None, respond_with: Mapping[str, Any] | str | None = None) -> Webhook:
+def create_webhook(
+    *,
+    token: str | None = None,
+    respond_with: Mapping[str, Any] | str | None = None,
+    many: bool = False,
+    keep_credentials: bool = False,
+) -> Webhook:
     """A hook resumed by an HTTP request to ``webhook.url``; ``wait()`` returns the :class:`WebhookRequest`.
 
     ``respond_with``: None answers the caller ``202 Accepted``; a mapping ``{"status", "headers", "body"}`` is the
-    fixed response; ``"manual"`` holds the caller until a step calls ``request.respond(...)``.
+    fixed response (``status`` an int in 100-599, default 200; ``headers`` str to str; ``body`` a str or a JSON value,
+    default ``""``), checked here: a malformed one raises :class:`~celery_workflow.errors.InvalidWebhookResponse`
+    before anything is written; ``"manual"`` holds the caller until a step calls ``request.respond(...)``.
+
+    ``many``: by default a webhook answers **once**: its first request is recorded, later ones get ``410 Gone`` and
+    record nothing (the World's append decides, so two simultaneous first requests record exactly one), and a second
+    ``wait()`` raises :class:`~celery_workflow.errors.ConfigurationError`. Pass ``many=True`` for a webhook the
+    workflow iterates (``for request in webhook: ...``): every request is then recorded. (Webhooks created before
+    this option existed behave as ``many=True``.)
+
+    ``keep_credentials``: the ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` request headers are dropped
+    before the request is recorded (the event log is not a secret store) unless this is True.
     """
-    if isinstance(respond_with, str) and respond_with != "manual":
-        raise ConfigurationError("respond_with must be None, a response mapping, or 'manual'")
-    return _require_replay("create_webhook").create_webhook(token=token, respond_with=respond_with)
+    spec = check_response(respond_with)
+    if not isinstance(many, bool) or not isinstance(keep_credentials, bool):
+        raise ConfigurationError("create_webhook(): many and keep_credentials must be booleans")
+    return _require_replay("create_webhook").create_webhook(
+        token=token, respond_with=spec, many=many, keep_credentials=keep_credentials
+    )
+
+
+#: The fields of a fixed webhook response (``create_webhook(respond_with={...})``).
+RESPONSE_FIELDS = frozenset({"status", "headers", "body"})
+#: Request headers a webhook drops before recording the request unless created with ``keep_credentials=True``.
+CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def webhook_options(data: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(many, keep_credentials)`` of a webhook, from the data of its ``hook_created`` event.
+
+    Webhooks recorded before these options existed have neither key: they stay *many* (a run in flight may iterate
+    its webhook, and refusing its second request would strand it) and, like every webhook, lose their credential
+    headers from then on (dropping a header strands nothing).
+    """
+    return bool(data.get("many", True)), bool(data.get("keep_credentials", False))
+
+
+def check_response(respond_with: Any) -> Mapping[str, Any] | str | None:
+    """``respond_with`` if it is None, ``"manual"`` or a well-formed fixed response; InvalidWebhookResponse if not."""
+    if respond_with is None or respond_with == "manual":
+        return respond_with  # type: ignore[no-any-return]
+    if not isinstance(respond_with, Mapping):
+        raise InvalidWebhookResponse(
+            f"respond_with must be None, 'manual' or a mapping {{status, headers, body}}, not {respond_with!r}"
+        )
+    unknown = set(respond_with) - RESPONSE_FIELDS
+    if unknown:
+        raise InvalidWebhookResponse(
+            f"respond_with has unknown keys {sorted(map(str, unknown))}; it takes {sorted(RESPONSE_FIELDS)}"
+        )
+    status = respond_with.get("status", 200)
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise InvalidWebhookResponse(f"respond_with status must be an int in 100-599, not {status!r}")
+    headers = respond_with.get("headers", {})
+    if not isinstance(headers, Mapping):
+        raise InvalidWebhookResponse(f"respond_with headers must be a mapping of str to str, not {headers!r}")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name or not set(name) <= _TOKEN_CHARS:
+            raise InvalidWebhookResponse(f"respond_with header name {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str) or "\r" in value or "\n" in value:
+            raise InvalidWebhookResponse(f"respond_with header {name!r} must have a one-line str value, not {value!r}")
+    body = respond_with.get("body", "")
+    if not isinstance(body, str):
+        try:
+            json.dumps(body, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidWebhookResponse(
+                f"respond_with body must be a str or a JSON-serialisable value: {exc}"
+            ) from None
+    return respond_with
 
 
 def gather(*futures: StepFuture[Any], return_exceptions: bool = False) -> list[Any]:
@@ -223,6 +295,11 @@ class WebhookRequest:
     def body(self) -> bytes:
         return base64.b64decode(self.body_b64)
 
+    def without_credentials(self) -> WebhookRequest:
+        """This request without its credential headers (:data:`CREDENTIAL_HEADERS`, compared case-insensitively)."""
+        kept = {k: v for k, v in self.headers.items() if k.lower() not in CREDENTIAL_HEADERS}
+        return self if len(kept) == len(self.headers) else replace(self, headers=kept)
+
     def json(self) -> Any:
         return json.loads(self.body or b"null")
 
@@ -266,9 +343,10 @@ class WebhookRequest:
 class Webhook(Hook[WebhookRequest]):
     """A hook resumed over HTTP: ``POST {base_url}/webhooks/{token}``."""
 
-    def __init__(self, replay: Replay, hook_id: str, token: str, base_url: str | None) -> None:
+    def __init__(self, replay: Replay, hook_id: str, token: str, base_url: str | None, *, many: bool = True) -> None:
         super().__init__(replay, hook_id, token)
         self._base_url = base_url
+        self.many = many
 
     @property
     def url(self) -> str:
@@ -279,6 +357,11 @@ class Webhook(Hook[WebhookRequest]):
         return f"{self._base_url.rstrip('/')}/webhooks/{quote(self.token, safe='')}"
 
     def wait(self) -> WebhookRequest:
+        if not self.many and self._consumed >= 1:
+            raise ConfigurationError(
+                f"webhook {self.hook_id} answers once and has had its request; create it with"
+                " create_webhook(many=True) to receive several"
+            )
         value, self._consumed = self._replay.hook_next(self.hook_id, self._consumed)
         return WebhookRequest.from_payload(value)
 

@@ -12,6 +12,7 @@ delivery still queued, or the new state with its deliveries queued; redelivery r
 from __future__ import annotations
 
 import logging
+import random as _random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,17 +25,19 @@ from celery_workflow.errors import (
     EntityExists,
     EntityTerminal,
     EventInvalid,
+    HookNotFound,
     NotFound,
     ReplayDivergence,
     RunTerminal,
     StaleLog,
     TooEarly,
+    WebhookUsed,
     WorldError,
 )
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
 from celery_workflow.runtime import steps
-from celery_workflow.runtime.context import WebhookRequest
+from celery_workflow.runtime.context import WebhookRequest, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import Outcome, Replay, Restart
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
@@ -126,8 +129,11 @@ class Runtime:
         return self.world.create_run(NewRun(rid, workflow_name, data_input, queue), [first])
 
     def resume_hook(self, token: str, payload: Any) -> HookView:
-        """Deliver ``payload`` to the live hook owning ``token`` and wake its run. HookNotFound if none."""
+        """Deliver ``payload`` to the live hook owning ``token`` and wake its run. HookNotFound if none; WebhookUsed
+        if the hook is a webhook that answers once and has already had its request."""
         hook = self.world.get_hook_by_token(token)
+        if hook.is_webhook:
+            return self._receive_webhook(hook, lambda keep_credentials: payload)
         run = self.world.get_run(hook.run_id)
         data = {"payload": codec.to_json(payload)}
         self.world.append(
@@ -135,8 +141,50 @@ class Runtime:
         )
         return hook
 
-    def resume_webhook(self, token: str, request: WebhookRequest) -> HookView:
-        return self.resume_hook(token, request.to_payload())
+    def resume_webhook(self, token: str, request: WebhookRequest, *, hook: HookView | None = None) -> HookView:
+        """Record ``request`` as received by the webhook owning ``token`` and wake its run.
+
+        ``hook``: the webhook as the caller already read it (so the request goes to the hook whose options the caller
+        saw). The credential headers are dropped unless the webhook keeps them. HookNotFound if no live webhook owns
+        the token (a plain hook's token included); WebhookUsed if the webhook answers once and has had its request.
+        """
+        hook = hook if hook is not None else self.world.get_hook_by_token(token)
+        if not hook.is_webhook or hook.token != token:
+            raise HookNotFound("no webhook has this token")
+
+        def payload(keep_credentials: bool) -> Any:
+            return (request if keep_credentials else request.without_credentials()).to_payload()
+
+        return self._receive_webhook(hook, payload)
+
+    def _receive_webhook(self, hook: HookView, payload_of: Callable[[bool], Any]) -> HookView:
+        """Append ``hook_received`` to a webhook. One that answers once is appended on the condition that the event
+        count is the one read with the log that shows no request yet: of two racing first requests the World takes
+        one, and the other (StaleLog) re-reads the log, finds the request and raises WebhookUsed."""
+        for attempt in range(MAX_RESTARTS):
+            run, events = self.world.get_run_with_events(hook.run_id)
+            created = next(
+                (e for e in events if e.event_type is EventType.HOOK_CREATED and e.correlation_id == hook.hook_id),
+                None,
+            )
+            if created is None or created.data.get("token") != hook.token:
+                raise HookNotFound("no webhook has this token")
+            many, keep_credentials = webhook_options(created.data)
+            data = {"payload": codec.to_json(payload_of(keep_credentials))}
+            received = NewEvent(EventType.HOOK_RECEIVED, hook.hook_id, data)
+            if many:
+                self.world.append(hook.run_id, [received], deliveries=[self.wake_delivery(run)])
+                return hook
+            if any(e.event_type is EventType.HOOK_RECEIVED and e.correlation_id == hook.hook_id for e in events):
+                raise WebhookUsed(f"webhook {hook.hook_id} of run {hook.run_id} answers once and has had its request")
+            count = events[-1].slot if events else 0
+            try:
+                self.world.append(hook.run_id, [received], expected_count=count, deliveries=[self.wake_delivery(run)])
+            except StaleLog:
+                time.sleep(_random.uniform(0.0, min(0.05, 0.001 * (attempt + 1))))  # the run moved: read it again
+                continue
+            return hook
+        raise WorldError(f"run {hook.run_id}: the event log kept moving under {MAX_RESTARTS} webhook requests")
 
     def cancel(self, run_id: str, reason: str | None = None) -> RunView:
         """Write ``run_cancelled``: later deliveries do nothing. RunTerminal if the run already finished."""

@@ -29,7 +29,7 @@ from celery_workflow.errors import HookConflict, PayloadError, StepFailed
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
 from celery_workflow.runtime import context, steps
-from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
+from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
 from celery_workflow.world import Delivery
@@ -383,14 +383,31 @@ class Replay:
     # -- hooks -----------------------------------------------------------------------------------------------------
 
     def create_hook(self, *, token: str | None, metadata: Any, payload_type: Any) -> Hook[Any]:
-        cid, tok = self._hook(token, metadata, is_webhook=False, respond_with=None)
+        cid, tok, _ = self._hook(token, metadata, is_webhook=False, respond_with=None)
         return Hook(self, cid, tok, payload_type)
 
-    def create_webhook(self, *, token: str | None, respond_with: Mapping[str, Any] | str | None) -> Webhook:
-        cid, tok = self._hook(token, None, is_webhook=True, respond_with=respond_with)
-        return Webhook(self, cid, tok, self.base_url)
+    def create_webhook(
+        self,
+        *,
+        token: str | None,
+        respond_with: Mapping[str, Any] | str | None,
+        many: bool = False,
+        keep_credentials: bool = False,
+    ) -> Webhook:
+        options = {"many": many, "keep_credentials": keep_credentials}
+        cid, tok, data = self._hook(token, None, is_webhook=True, respond_with=respond_with, options=options)
+        # A webhook recorded before ``many`` existed has no flag: it behaves as many (see webhook_options).
+        return Webhook(self, cid, tok, self.base_url, many=webhook_options(data)[0])
 
-    def _hook(self, token: str | None, metadata: Any, *, is_webhook: bool, respond_with: Any) -> tuple[str, str]:
+    def _hook(
+        self,
+        token: str | None,
+        metadata: Any,
+        *,
+        is_webhook: bool,
+        respond_with: Any,
+        options: Mapping[str, Any] | None = None,
+    ) -> tuple[str, str, Mapping[str, Any]]:
         cid = self._next_id("hook")
         ev = self._match(cid)
         if ev is None:
@@ -398,14 +415,15 @@ class Replay:
             data: dict[str, Any] = {"token": tok, "metadata": codec.to_json(metadata), "is_webhook": is_webhook}
             if respond_with is not None:
                 data["respond_with"] = codec.to_json(respond_with)
+            data.update(options or {})
             self.pending.append(NewEvent(EventType.HOOK_CREATED, cid, data))
-            return cid, tok
+            return cid, tok, data
         if ev.event_type not in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
             raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a hook")
         tok = str(ev.data["token"])
         if token is not None and token != tok:
             raise _Diverged(f"hook {cid!r} was created with token {tok!r}, the code now asks for {token!r}")
-        return cid, tok
+        return cid, tok, ev.data
 
     def hook_next(self, cid: str, consumed: int) -> tuple[Any, int]:
         conflict = self._of(cid, EventType.HOOK_CONFLICT)

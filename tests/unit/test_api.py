@@ -130,8 +130,21 @@ def test_resume_hook_and_cancel(http: FlaskClient, flows: Workflows, worker: Loc
         (b'{"method": "get_run", "params": {"run_id": "wrun_missing"}}', 404, "run_not_found"),
         (b'{"method": "read_stream", "params": {"run_id": "wrun_missing"}}', 404, "run_not_found"),
         (b'{"method": "resume_hook", "params": {"token": "missing"}}', 404, "hook_not_found"),
+        # bad input, never a 500 or a 503: nesting past the parser, integers past 64 bits, NUL in ids and names
+        (b'{"method": "start", "params": {"workflow": "emitter", "args": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}}",
+         400, "invalid_request"),
+        (b'{"method": "list_events", "params": {"run_id": "wrun_x", "after_slot": 9223372036854775808}}', 400,
+         "invalid_params"),
+        (b'{"method": "read_stream", "params": {"run_id": "wrun_x", "start": 18446744073709551616}}', 400,
+         "invalid_params"),
+        (b'{"method": "list_runs", "params": {"limit": 9223372036854775808}}', 400, "invalid_params"),
+        (b'{"method": "get_run", "params": {"run_id": "wrun_\\u0000x"}}', 400, "invalid_params"),
+        (b'{"method": "start", "params": {"workflow": "emit\\u0000ter"}}', 400, "invalid_params"),
+        (b'{"method": "list_runs", "params": {"cursor": "\\u0000"}}', 400, "invalid_params"),
+        (b'{"method": "resume_hook", "params": {"token": "a\\u0000b"}}', 400, "invalid_params"),
+        (b'{"method": "read_stream", "params": {"run_id": "wrun_x", "name": "s\\u0000"}}', 400, "invalid_params"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_get_typed_errors(
     http: FlaskClient, flows: Workflows, body: bytes, status: int, code: str
 ) -> None:
@@ -234,3 +247,74 @@ def test_fuzzed_rpc_bodies_never_500_and_never_change_state_on_error(
     if resp.status_code != 200:
         assert set(data["error"]) >= {"code", "message"}
         assert _state(flows) == before
+
+
+def test_rpc_takes_json_only(http: FlaskClient, flows: Workflows) -> None:
+    """A browser form or a text/plain post (no CORS preflight) cannot reach the RPC: 415, and nothing starts."""
+    body = json.dumps({"method": "start", "params": {"workflow": "emitter", "args": [1]}})
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
+        resp = http.post("/v1/workflow/rpc", data=body, content_type=content_type)
+        assert resp.status_code == 415, content_type
+        assert resp.get_json()["error"]["code"] == "unsupported_media_type"
+    assert flows.list_runs() == []
+    resp = http.post("/v1/workflow/rpc", data=body, content_type="application/json; charset=utf-8")
+    assert resp.status_code == 200
+
+
+def test_authorize_guards_every_rpc_method(flows: Workflows, caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def authorize(request: Any, method: str) -> bool:
+        seen.append((method, request.headers.get("Authorization")))
+        return request.headers.get("Authorization") == "Bearer good" and method != "cancel"
+
+    app = Flask("guarded")
+    app.register_blueprint(flows.blueprint(authorize=authorize), url_prefix="/v1/workflow")
+    assert "without authorize" not in caplog.text
+    http = app.test_client()
+    call = {"method": "start", "params": {"workflow": "emitter", "args": [1]}}
+    resp = http.post("/v1/workflow/rpc", json=call)
+    assert resp.status_code == 401 and resp.get_json()["error"]["code"] == "unauthorized"
+    resp = http.post("/v1/workflow/rpc", json=call, headers={"Authorization": "Bearer bad"})
+    assert resp.status_code == 403 and resp.get_json()["error"]["code"] == "forbidden"
+    resp = http.post("/v1/workflow/rpc", json={"method": "no_such", "params": {}})
+    assert resp.status_code == 401  # the method list is not shown to a caller who may not call
+    assert flows.list_runs() == []
+    resp = http.post("/v1/workflow/rpc", json=call, headers={"Authorization": "Bearer good"})
+    assert resp.status_code == 200
+    run_id = resp.get_json()["result"]["run"]["run_id"]
+    cancel = {"method": "cancel", "params": {"run_id": run_id}}
+    assert http.post("/v1/workflow/rpc", json=cancel, headers={"Authorization": "Bearer good"}).status_code == 403
+    assert flows.world.get_run(run_id).status.value == "pending"
+    assert seen[:2] == [("start", None), ("start", "Bearer bad")]
+    # webhooks are authorised by their tokens alone, whatever authorize says
+    assert http.post("/v1/workflow/webhooks/nope", json={}).status_code == 404
+    ext_app = Flask("ext")
+    CeleryWorkflow(ext_app, flows, authorize=lambda request, method: False)
+    assert ext_app.test_client().post("/v1/workflow/rpc", json=call).status_code == 401
+
+
+def test_rpc_without_authorize_is_named_in_a_warning(flows: Workflows, caplog: pytest.LogCaptureFixture) -> None:
+    rpc_blueprint(flows, name="open_rpc")
+    assert "RPC blueprint 'open_rpc' registered without authorize=" in caplog.text
+
+
+def test_list_runs_answers_are_bounded(http: FlaskClient, flows: Workflows, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page over the response limit comes back shorter, with a cursor that continues exactly after it."""
+    from celery_workflow import api
+
+    for n in range(6):
+        flows.runtime.start("emitter", ["x" * 1000], {}, run_id=f"big-{n}")
+    monkeypatch.setattr(api, "MAX_RESPONSE", 3500)  # about two runs' worth
+    seen: list[str] = []
+    cursor = None
+    while True:
+        status, body = rpc(http, "list_runs", limit=6, **({"cursor": cursor} if cursor else {}))
+        assert status == 200
+        page = [r["run_id"] for r in body["result"]["runs"]]
+        assert 1 <= len(page) <= 3
+        seen += page
+        cursor = body["result"]["cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == [f"big-{n}" for n in range(6)]
