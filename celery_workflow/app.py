@@ -189,6 +189,8 @@ class Workflows:
         if world is None:
             world = os.environ.get("CELERY_WORKFLOW_URL") or DEFAULT_URL
         self.world: World = open_world(world) if isinstance(world, str) else world
+        if base_url is None:  # the World's own setting (PostgresConfig.base_url, AWSConfig / WORKFLOW_BASE_URL)
+            base_url = getattr(self.world, "base_url", None)
         self.base_url = base_url
         self.registry = Registry()
         self._known_queues = set(queues) if queues is not None else None

@@ -84,6 +84,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         self.config = config
         self.poll_interval = config.poll_interval
         self.routes: Mapping[str, str] = MappingProxyType(dict(config.routes))
+        self.base_url = config.base_url  # Workflows builds webhook URLs from it unless given its own
         self.table = Table(dynamodb_client, config.table_name)
         self.queue = SQSQueue(self, sqs_client)
         self.streams = AWSStreams(self)

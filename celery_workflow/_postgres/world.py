@@ -104,6 +104,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         self.config = config_with(config, overrides)
         self.poll_interval = self.config.poll_interval
         self.routes = self.config.routes
+        self.base_url = self.config.base_url  # Workflows builds webhook URLs from it unless given its own
         self.db = pool if isinstance(pool, PgDatabase) else PgDatabase(pool)
         self._owns_db = not isinstance(pool, PgDatabase)
         if migrate:

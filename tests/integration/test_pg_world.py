@@ -640,3 +640,27 @@ def test_a_commit_whose_answer_was_lost_is_not_applied_twice(
     kinds = [e.event_type for e in pg_world.list_events(run_id)]
     assert kinds.count(EventType.HOOK_RECEIVED) == 1 and kinds.count(EventType.STEP_COMPLETED) == 1
     assert [d.payload for d in pg_world.claim(["q-lost-answer"], limit=10)] == [b"wake"]
+
+
+def test_every_setting_of_the_config_is_used(pg_url: str) -> None:
+    """base_url builds webhook URLs (unless Workflows has its own), routes route, concurrency sizes the pool."""
+    from celery_workflow import create_webhook
+    from celery_workflow.testing import LocalWorker
+
+    world = PostgresWorld.open(
+        pg_url, base_url="https://hooks.example.com/v1/workflow", routes={"nightly": "backfill"}, concurrency=3
+    )
+    try:
+        assert world.db.pool.max_size == 3 + 5
+        wf = Workflows(Celery("pg-config"), world=world, configure_broker=False, queues=["celery", "backfill"])
+        assert wf.routes == {"nightly": "backfill"}
+
+        @wf.workflow
+        def hooked() -> str:
+            return create_webhook(token="cfg-hook").url
+
+        run = hooked.start()
+        LocalWorker(wf).run_until_complete(run)
+        assert run.result() == "https://hooks.example.com/v1/workflow/webhooks/cfg-hook"
+    finally:
+        world.close()
