@@ -68,8 +68,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 if TYPE_CHECKING:
     from celery_workflow.app import Workflows
 
-#: Largest request body accepted by the RPC and webhook endpoints.
-MAX_BODY = 1_048_576
+#: Room for the JSON envelope (method, parameter names, escapes) an RPC body may take beyond the World's
+#: ``max_payload``. With ``max_body=None`` (the default) the RPC endpoint accepts ``world.max_payload + BODY_ROOM``
+#: bytes and a webhook ``world.max_payload * 3 // 4`` (its body is stored base64-encoded): what the World can store.
+#: A value that passes the body limit but not the World's (non-ASCII sent as ``\u`` escapes, large headers) is
+#: still refused with 413 before anything is written; pass ``max_body=`` to choose another limit.
+BODY_ROOM = 64 * 1024
 #: Longest a single RPC call may block (``wait`` of get_run / read_stream).
 MAX_WAIT = 30.0
 #: How long a webhook caller waits for a ``respond_with="manual"`` response.
@@ -309,6 +313,12 @@ def error_response(exc: BaseException) -> Response:
     raise exc
 
 
+def default_max_body(wf: Workflows, *, webhook: bool = False) -> int:
+    """The body limit ``max_body=None`` stands for: what ``wf``'s World can store (see :data:`BODY_ROOM`)."""
+    limit = wf.runtime.max_payload
+    return limit * 3 // 4 if webhook else limit + BODY_ROOM
+
+
 def _read_body(limit: int) -> bytes | Response:
     length = request.content_length
     if length is not None and length > limit:
@@ -483,11 +493,16 @@ def _await_response(wf: Workflows, run_id: str, stream: str, timeout: float) -> 
 
 
 def rpc_blueprint(
-    wf: Workflows, *, name: str = "celery_workflow_rpc", max_body: int = MAX_BODY, authorize: Authorize | None = None
+    wf: Workflows,
+    *,
+    name: str = "celery_workflow_rpc",
+    max_body: int | None = None,
+    authorize: Authorize | None = None,
 ) -> Blueprint:
     """The RPC endpoint alone: ``POST /rpc``, guarded by ``authorize(request, method) -> bool`` (denied: 401 when
     the request carries no ``Authorization`` header, 403 otherwise). Without ``authorize`` anyone who reaches it can
-    start, cancel and resume runs: a warning says so, for an endpoint that is private by other means."""
+    start, cancel and resume runs: a warning says so, for an endpoint that is private by other means. ``max_body``:
+    the largest request body (413 beyond); None: what the World can store (:func:`default_max_body`)."""
     if authorize is None:
         log.warning(
             "celery_workflow: RPC blueprint %r registered without authorize=: anyone who can reach it can start,"
@@ -496,7 +511,10 @@ def rpc_blueprint(
         )
     bp = Blueprint(name, __name__)
     bp.add_url_rule(
-        "/rpc", "rpc", _rpc_view(wf, max_body, authorize), methods=["GET", "POST", "PUT", "PATCH", "DELETE"]
+        "/rpc",
+        "rpc",
+        _rpc_view(wf, default_max_body(wf) if max_body is None else max_body, authorize),
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
     )
     return bp
 
@@ -505,25 +523,31 @@ def webhook_blueprint(
     wf: Workflows,
     *,
     name: str = "celery_workflow_webhooks",
-    max_body: int = MAX_BODY,
+    max_body: int | None = None,
     response_timeout: float = WEBHOOK_RESPONSE_TIMEOUT,
 ) -> Blueprint:
-    """The webhook endpoint alone: ``ANY /webhooks/<token>``; safe to expose publicly (authorised by its token)."""
+    """The webhook endpoint alone: ``ANY /webhooks/<token>``; safe to expose publicly (authorised by its token).
+    ``max_body``: the largest request body (413 beyond); None: what the World can store (:func:`default_max_body`)."""
     bp = Blueprint(name, __name__)
     bp.add_url_rule(
         "/webhooks/<path:token>",
         "webhook",
-        _webhook_view(wf, max_body, response_timeout),
+        _webhook_view(wf, default_max_body(wf, webhook=True) if max_body is None else max_body, response_timeout),
         methods=list(WEBHOOK_METHODS),  # HEAD and OPTIONS listed: the view answers them without resuming
     )
     return bp
 
 
 def blueprint(
-    wf: Workflows, *, name: str = "celery_workflow", max_body: int = MAX_BODY, authorize: Authorize | None = None
+    wf: Workflows,
+    *,
+    name: str = "celery_workflow",
+    max_body: int | None = None,
+    authorize: Authorize | None = None,
 ) -> Blueprint:
     """RPC and webhooks together; register it under a prefix, e.g. ``url_prefix="/v1/workflow"``. ``authorize``
-    guards the RPC (see :func:`rpc_blueprint`); webhooks are authorised by their tokens alone."""
+    guards the RPC (see :func:`rpc_blueprint`); webhooks are authorised by their tokens alone. ``max_body``: both
+    endpoints' body limit; None gives each what the World can store (:func:`default_max_body`)."""
     bp = Blueprint(name, __name__)
     bp.register_blueprint(rpc_blueprint(wf, max_body=max_body, authorize=authorize))
     bp.register_blueprint(webhook_blueprint(wf, max_body=max_body))

@@ -6,6 +6,12 @@ function declares (a parameter's or a return annotation), through pydantic's val
 back as plain JSON. Anything that cannot be represented raises :class:`~celery_workflow.errors.PayloadError`.
 
 Blobs (event data, stream chunks) are ``b"j1"`` + UTF-8 JSON; stream chunks may also be ``b"b1"`` + raw bytes.
+
+Sizes: an event's encoded data is at most :data:`MAX_PAYLOAD_BYTES` on every World (``events.validate``); one value
+in it (a step's result, a run's output, an input, a hook payload) is at most the World's own ``max_payload``
+(:attr:`celery_workflow.world.World.max_payload`), which the runtime checks with :func:`check_size` where the value
+is produced. A recorded error keeps its message to :data:`MAX_ERROR_MESSAGE` bytes and its traceback to
+:data:`MAX_TRACEBACK` bytes (UTF-8), cut by :func:`cut` with a ``… [truncated N bytes]`` marker.
 """
 
 from __future__ import annotations
@@ -25,8 +31,19 @@ from celery_workflow.errors import PayloadError, PayloadTooLarge
 JSON_TAG = b"j1"
 BYTES_TAG = b"b1"
 
-#: The largest encoded payload accepted (a DynamoDB item holds 400 KB; leave room for the rest of the item).
+#: The largest encoded event data any World accepts (a DynamoDB item holds 400 KB; leave room for the rest of the
+#: item). A World's ``max_payload`` (the limit on one value) is at most this, less room for the event's other fields.
 MAX_PAYLOAD_BYTES = 350_000
+#: Room an event keeps beside its value (field names, a step or workflow name, flags) within MAX_PAYLOAD_BYTES.
+EVENT_ROOM = 4 * 1024
+#: The longest recorded error message, in UTF-8 bytes (the head is kept).
+MAX_ERROR_MESSAGE = 8 * 1024
+#: The longest recorded traceback, in UTF-8 bytes (the tail, with the raising frame, is kept).
+MAX_TRACEBACK = 32 * 1024
+#: The longest recorded error type name, in UTF-8 bytes.
+MAX_ERROR_TYPE = 512
+#: An upper bound on a recorded error's text (type, message, traceback), before JSON escapes.
+MAX_ERROR_BYTES = MAX_ERROR_TYPE + MAX_ERROR_MESSAGE + MAX_TRACEBACK
 
 _ANY: Any = object()
 
@@ -89,6 +106,34 @@ def dumps(value: Any, *, limit: int = MAX_PAYLOAD_BYTES) -> bytes:
     if len(raw) > limit:
         raise PayloadTooLarge(f"payload of {len(raw)} bytes exceeds the limit of {limit} bytes")
     return JSON_TAG + raw
+
+
+def encoded_size(value: Any) -> int:
+    """The bytes of ``value``'s JSON encoding (an already JSON-compatible value), as :func:`dumps` stores it."""
+    try:
+        raw = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"cannot encode value as JSON: {exc}") from exc
+    return len(raw)
+
+
+def check_size(value: Any, limit: int, what: str = "payload") -> None:
+    """PayloadTooLarge unless ``value`` (JSON-compatible) encodes to at most ``limit`` bytes."""
+    size = encoded_size(value)
+    if size > limit:
+        raise PayloadTooLarge(f"{what} is {size} bytes encoded; the World stores at most {limit} bytes (max_payload)")
+
+
+def cut(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` in at most ``limit`` UTF-8 bytes: unchanged when it fits, else its head (or, with ``keep_end``, its
+    tail) and a marker ``… [truncated N bytes]`` saying how many of its bytes were left out."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text
+    room = max(0, limit - len(f"… [truncated {len(raw)} bytes]".encode()))
+    kept = (raw[len(raw) - room :] if keep_end else raw[:room]).decode("utf-8", "ignore")
+    marker = f"… [truncated {len(raw) - len(kept.encode())} bytes]"
+    return marker + kept if keep_end else kept + marker
 
 
 def loads(blob: bytes | memoryview) -> Any:

@@ -32,6 +32,14 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     └── RetryableError              raised by user code: retry the step, optionally after a delay
 
 The class docstring is the default message.
+
+Recorded errors: an exception that fails a step or a run is recorded in the event log as its type name, its message
+cut to :data:`celery_workflow.codec.MAX_ERROR_MESSAGE` (8 KiB) and its traceback to
+:data:`celery_workflow.codec.MAX_TRACEBACK` (32 KiB, the tail kept), each cut marked ``… [truncated N bytes]``; an
+exception whose ``str()`` fails is recorded as ``"<TypeName: str() failed>"``. A step result, run output or input
+larger than the World's ``max_payload`` is :class:`PayloadTooLarge`, raised where the value is produced: a step fails
+with it at once (no retry: the same code returns the same size) and the workflow sees a :class:`StepFailed` whose
+``error`` names it; a workflow's output fails the run with it.
 """
 
 from __future__ import annotations

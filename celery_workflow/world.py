@@ -30,6 +30,7 @@ from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from celery_workflow import codec
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
 
@@ -37,6 +38,11 @@ T = TypeVar("T")
 
 #: The queue that carries deliveries of unrouted workflows (Celery's default queue name).
 DEFAULT_QUEUE = "celery"
+
+#: :attr:`World.max_payload` of a World whose views keep no more than the event data does (SQLite, Postgres, the
+#: in-memory World), and of one that declares none: the event-data limit every World checks
+#: (:data:`codec.MAX_PAYLOAD_BYTES`) less the room the event keeps for its other fields (:data:`codec.EVENT_ROOM`).
+DEFAULT_MAX_PAYLOAD = codec.MAX_PAYLOAD_BYTES - codec.EVENT_ROOM
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +202,11 @@ class World(Protocol):
     routes: Mapping[str, str]
     #: The queue names this World can deliver to, or None when any name goes (a queue table takes any).
     queue_names: frozenset[str] | None
+    #: The largest value it stores, in bytes of its JSON encoding: a run's input or output, a step's input or result,
+    #: a hook's payload. The runtime checks values against it where they are produced, so an oversized one fails
+    #: with :class:`~celery_workflow.errors.PayloadTooLarge` before any append is refused (e.g.
+    #: :data:`DEFAULT_MAX_PAYLOAD`); the HTTP edges size their body limit from it.
+    max_payload: int
 
     # -- storage -------------------------------------------------------------------------------------------------
 

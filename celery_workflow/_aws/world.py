@@ -35,8 +35,8 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery_workflow import codec, ids
 from celery_workflow import events as rules
-from celery_workflow import ids
 from celery_workflow._aws.append import AWSAppend
 from celery_workflow._aws.config import AWSConfig, QueueConfig
 from celery_workflow._aws.dynamo import Cancelled, Table
@@ -52,6 +52,7 @@ from celery_workflow._backend.waiting import wait_until
 from celery_workflow.errors import ConfigurationError, EventTooLarge, HookNotFound, RunNotFound, StepNotFound
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
+    DEFAULT_MAX_PAYLOAD,
     BrokerSpec,
     Capabilities,
     ClaimedDelivery,
@@ -62,6 +63,10 @@ from celery_workflow.world import (
 )
 
 __all__ = ["AWSWorld"]
+
+#: What an item keeps beside its two largest values: a recorded error (twice its text, for JSON escapes) and the
+#: attributes (keys, ids and names up to 512 characters, times, index keys).
+_ITEM_ROOM = 2 * codec.MAX_ERROR_BYTES + 8 * 1024
 
 
 class AWSWorld(TemplateWorld, StoreStreams):
@@ -76,6 +81,10 @@ class AWSWorld(TemplateWorld, StoreStreams):
     capabilities = Capabilities(
         ordered_claims=False, subsecond_times=False, dedup_pending=False, consistent_listings=False
     )
+    #: The largest value it stores: a run's item holds its input and its output, a step's item its input, result and
+    #: last error, all within DynamoDB's 400 KB (:data:`MAX_ITEM_BYTES`): half of what is left after the room for an
+    #: error and the item's other attributes (:data:`_ITEM_ROOM`), and never more than any World's event data holds.
+    max_payload: int = min(DEFAULT_MAX_PAYLOAD, (MAX_ITEM_BYTES - _ITEM_ROOM) // 2)
 
     def __init__(self, config: AWSConfig, dynamodb_client: Any, sqs_client: Any) -> None:
         if not isinstance(config, AWSConfig):

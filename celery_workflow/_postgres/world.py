@@ -65,6 +65,7 @@ from celery_workflow._postgres.streams import PgStreams
 from celery_workflow.errors import HookNotFound, RunNotFound, StepNotFound, WorldError
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
+    DEFAULT_MAX_PAYLOAD,
     BrokerSpec,
     Capabilities,
     Delivery,
@@ -87,6 +88,8 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
 
     capabilities = Capabilities()
     queue_names: frozenset[str] | None = None  # the queue table takes any name
+    #: The largest value it stores: the event-data limit less the event's other fields (a row holds no more).
+    max_payload: int = DEFAULT_MAX_PAYLOAD
     store: PostgresQueue
     _steps: PgAppend
 

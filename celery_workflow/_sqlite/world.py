@@ -56,6 +56,7 @@ from celery_workflow._sqlite.rows import (
 from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
+    DEFAULT_MAX_PAYLOAD,
     BrokerSpec,
     Capabilities,
     Delivery,
@@ -79,6 +80,8 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
     capabilities = Capabilities()
     routes: Mapping[str, str] = MappingProxyType({})
     queue_names: frozenset[str] | None = None  # the queue table takes any name
+    #: The largest value it stores: the event-data limit less the event's other fields (a row holds no more).
+    max_payload: int = DEFAULT_MAX_PAYLOAD
     store: SQLiteQueue
     _steps: SQLiteAppend
 

@@ -25,8 +25,10 @@ from celery_workflow.errors import (
     EntityExists,
     EntityTerminal,
     EventInvalid,
+    EventTooLarge,
     HookNotFound,
     NotFound,
+    PayloadTooLarge,
     ReplayDivergence,
     RunTerminal,
     StaleLog,
@@ -95,6 +97,9 @@ class Runtime:
         #: last one (one disk flush per delivery; a database crash mid-delivery re-runs that delivery's steps)
         self.every_write_durable = durability == "step"
         self.clock = clock
+        #: the World's ``max_payload``: inputs, step results, run outputs and hook payloads are checked against it
+        #: where they are produced, so none is refused by an append after its side effects
+        self.max_payload = steps.payload_limit(world)
 
     # -- queues ----------------------------------------------------------------------------------------------------
 
@@ -124,6 +129,7 @@ class Runtime:
             raise EventInvalid(f"invalid run id {run_id!r}: 1-200 characters of letters, digits and _ - . : @")
         rid = run_id or new_run_id()
         data_input = wdef.signature.encode_args(args, kwargs)
+        codec.check_size(data_input, self.max_payload, f"the input of workflow {workflow_name}")
         queue = self.queue_for(workflow_name)
         first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
         return self.world.create_run(NewRun(rid, workflow_name, data_input, queue), [first])
@@ -136,6 +142,7 @@ class Runtime:
             return self._receive_webhook(hook, lambda keep_credentials: payload)
         run = self.world.get_run(hook.run_id)
         data = {"payload": codec.to_json(payload)}
+        codec.check_size(data["payload"], self.max_payload, f"the payload of hook {hook.hook_id}")
         self.world.append(
             hook.run_id, [NewEvent(EventType.HOOK_RECEIVED, hook.hook_id, data)], deliveries=[self.wake_delivery(run)]
         )
@@ -171,6 +178,7 @@ class Runtime:
                 raise HookNotFound("no webhook has this token")
             many, keep_credentials = webhook_options(created.data)
             data = {"payload": codec.to_json(payload_of(keep_credentials))}
+            codec.check_size(data["payload"], self.max_payload, f"the request to webhook {hook.hook_id}")
             received = NewEvent(EventType.HOOK_RECEIVED, hook.hook_id, data)
             if many:
                 self.world.append(hook.run_id, [received], deliveries=[self.wake_delivery(run)])
@@ -218,7 +226,13 @@ class Runtime:
             wdef = self.registry.workflow(run.workflow_name)
             effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
             replay = Replay(
-                run=run, wdef=wdef, registry=self.registry, effects=effects, events=events, base_url=self.base_url
+                run=run,
+                wdef=wdef,
+                registry=self.registry,
+                effects=effects,
+                events=events,
+                base_url=self.base_url,
+                max_payload=self.max_payload,
             )
             effects.replay = replay
             try:
@@ -232,7 +246,14 @@ class Runtime:
 
     def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
         if outcome.kind == "completed":
-            replay.write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
+            try:
+                replay.write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
+            except EventTooLarge as exc:
+                # checked against max_payload already; a World whose views hold more than one value (the run's
+                # input beside its output) may still refuse it: fail the run with the cause rather than retry forever
+                error = steps.error_info(PayloadTooLarge(f"the output of run {run.run_id} was refused: {exc.message}"))
+                replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": error})], final=True)
+                return "failed"
             return "completed"
         if outcome.kind == "failed":
             replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)

@@ -32,7 +32,7 @@ from celery_workflow.runtime import context, steps
 from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
-from celery_workflow.world import Delivery
+from celery_workflow.world import DEFAULT_MAX_PAYLOAD, Delivery
 
 
 def brief(value: Any, limit: int = 200) -> str:
@@ -103,6 +103,8 @@ class Replay:
     effects: Effects
     events: list[Event]
     base_url: str | None = None
+    #: the World's ``max_payload``: the largest step input and run output this replay lets through
+    max_payload: int = DEFAULT_MAX_PAYLOAD
     # derived state
     by_cid: dict[str, list[Event]] = field(default_factory=dict)
     creations: list[Event] = field(default_factory=list)
@@ -244,6 +246,7 @@ class Replay:
             self._check_consumed()
             try:
                 output = codec.to_json(value)
+                codec.check_size(output, self.max_payload, f"the output of workflow {self.wdef.name}")
             except PayloadError as exc:
                 return Outcome("failed", error=error_info(exc))
             return Outcome("completed", output=output)
@@ -269,6 +272,7 @@ class Replay:
         data_input = sdef.signature.encode_args(args, kwargs)
         ev = self._match(cid)
         if ev is None:
+            codec.check_size(data_input, self.max_payload, f"the input of step {sdef.name}")
             queued = (
                 not inline
                 or (sdef.queue is not None and sdef.queue != self.run.queue)

@@ -14,10 +14,9 @@ from celery_workflow.ids import isoformat
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import StepContext, StepMetadata
 from celery_workflow.runtime.registry import StepDef
-from celery_workflow.world import World
+from celery_workflow.world import DEFAULT_MAX_PAYLOAD, World
 
 MAX_BACKOFF = 300.0
-_TRACEBACK_LIMIT = 8_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,14 +28,32 @@ class StepOutcome:
     retry_after: float | timedelta | datetime | None = None
 
 
+def payload_limit(world: World) -> int:
+    """The World's ``max_payload`` (:data:`DEFAULT_MAX_PAYLOAD` for a World that declares none)."""
+    return int(getattr(world, "max_payload", DEFAULT_MAX_PAYLOAD))
+
+
 def error_info(exc: BaseException) -> dict[str, Any]:
-    """A JSON description of an exception: its type, message and (trimmed) traceback."""
+    """A JSON description of an exception: its type, message and traceback, cut to :data:`codec.MAX_ERROR_TYPE`,
+    :data:`codec.MAX_ERROR_MESSAGE` and :data:`codec.MAX_TRACEBACK` bytes (the traceback keeps its tail). An
+    exception whose ``str()`` fails is described as ``<TypeName: str() failed>``."""
     kind = type(exc)
     name = (
         kind.__qualname__ if kind.__module__ in ("builtins", "__main__") else f"{kind.__module__}.{kind.__qualname__}"
     )
-    tb = "".join(traceback.format_exception(exc))
-    return {"type": name, "message": str(exc), "traceback": tb[-_TRACEBACK_LIMIT:]}
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{kind.__qualname__}: str() failed>"
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except Exception:  # pragma: no cover - the traceback module guards str() itself
+        tb = f"{name}: {message}"
+    return {
+        "type": codec.cut(name, codec.MAX_ERROR_TYPE),
+        "message": codec.cut(message, codec.MAX_ERROR_MESSAGE),
+        "traceback": codec.cut(tb, codec.MAX_TRACEBACK, keep_end=True),
+    }
 
 
 def execute(
@@ -50,7 +67,11 @@ def execute(
     attempt: int,
     started_at: datetime,
 ) -> StepOutcome:
-    """Run the step body once in a step context. User exceptions become outcomes; BaseExceptions propagate."""
+    """Run the step body once in a step context. User exceptions become outcomes; BaseExceptions propagate.
+
+    A result the World cannot store (over its ``max_payload``) is a fatal :class:`PayloadTooLarge` outcome, checked
+    here before anything is appended: the same code would return the same size, so it is not retried.
+    """
     try:
         args, kwargs = sdef.signature.decode_args(data_input)
     except PayloadError as exc:
@@ -60,6 +81,7 @@ def execute(
     try:
         value = sdef.func(*args, **kwargs)
         result = codec.to_json(value)
+        codec.check_size(result, payload_limit(world), f"the result of step {sdef.name}")
     except FatalError as exc:
         return StepOutcome(ok=False, error=error_info(exc), fatal=True)
     except RetryableError as exc:

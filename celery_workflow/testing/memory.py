@@ -43,6 +43,7 @@ from celery_workflow._backend.waiting import wait_until
 from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
+    DEFAULT_MAX_PAYLOAD,
     BrokerSpec,
     Capabilities,
     ClaimedDelivery,
@@ -104,6 +105,8 @@ class MemoryWorld(TemplateWorld):
     capabilities = Capabilities()
     routes: Mapping[str, str] = MappingProxyType({})
     queue_names: frozenset[str] | None = None  # the queue table takes any name
+    #: The largest value it stores: the same as the SQL Worlds (the event-data limit less the event's other fields).
+    max_payload: int = DEFAULT_MAX_PAYLOAD
 
     def __init__(self, *, poll_interval: float = 0.05, clock: Callable[[], datetime] = ids.utcnow) -> None:
         self.poll_interval = poll_interval
