@@ -458,6 +458,8 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         """
         start = monotonic()
         while True:
+            if worker_stopping():  # no new claims (nor receivers) once the worker is shutting down
+                raise TimeoutError
             self.maintain()
             queues = self.consumable_queues()
             if queues and self._should_poll(queues):
@@ -473,8 +475,6 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             if timeout is not None:
                 wait = min(wait, timeout - elapsed)
             wait = min(wait, self._next_due(queues) - time.time(), self._until_maintenance())
-            if worker_stopping():
-                raise TimeoutError  # back to Celery's loop, which starts the shutdown
             # changes since the last poll (even those before this call) end the wait at once
             token = self._token if self._token is not None else self.change_token(queues)
             if self.wait_for_change(token, min(max(wait, MIN_WAIT), STOP_CHECK)):

@@ -127,9 +127,12 @@ class Transport(StoreTransport):
         return queues
 
     def close_connection(self, connection: Any) -> None:
-        if self._store is not None:
+        store = self._store
+        if store is not None:
             self.sqs_store.close()
         super().close_connection(connection)
+        if store is not None and self._store is store:
+            self._store = None  # closed for good: a connection used again opens a new one
 
     def driver_version(self) -> str:
         import boto3

@@ -113,6 +113,7 @@ class SQSBrokerStore:
         self._reserved = 0  # messages receivers are asking SQS for right now
         self._receivers: dict[str, _Receiver] = {}
         self._consumed: set[str] = set()
+        self._closed = False  # closed: no receiver starts again (its long poll would outlive the process)
         # without a control channel: direct routing state, in this process only
         self._exchanges: dict[str, str] = {}
         self._bindings: dict[tuple[str, str, str], Binding] = {}
@@ -202,6 +203,8 @@ class SQSBrokerStore:
         return ClaimedDelivery(f"raw|{queue}|{handle}", queue, body.encode(), count, None)
 
     def _ensure_receiver(self, queue: str) -> None:
+        if self._closed:
+            return
         receiver = self._receivers.get(queue)
         if receiver is None or not receiver.is_alive():
             receiver = self._receivers[queue] = _Receiver(self, queue)
@@ -261,7 +264,10 @@ class SQSBrokerStore:
                     receiver.join(self.wait + 5.0)
 
     def close(self) -> None:
-        """Stop the receivers (waiting for their polls, so no message is left hidden) and the control channel."""
+        """Stop the receivers (waiting for their polls, so no message is left hidden) and the control channel; no
+        receiver starts afterwards: a long poll begun by a closing worker would be answered after it exited, and
+        the message it took would stay hidden for its visibility timeout."""
+        self._closed = True
         self.stop_consuming(list(self._receivers), wait=True)
         if self.control is not None:
             self.control.close()

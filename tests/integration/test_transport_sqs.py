@@ -164,3 +164,35 @@ def test_a_long_countdown_without_a_scheduler_is_refused_before_anything_is_writ
     with pytest.raises(ConfigurationError, match="Scheduler"):
         conn.transport.sqs_store.put("celery", json.dumps({"properties": {}}).encode(), not_before=time.time() + 3600)
     assert not [i for i in aws.dynamodb.scan(TableName="workflow")["Items"] if i["pk"]["S"].startswith("QUEUE#")]
+
+
+def test_a_closed_store_starts_no_receiver(world: AWSWorld, aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker shutting down must not begin a long poll: SQS (moto too) answers it after the process is gone, and
+    the message it takes stays hidden for its visibility timeout, away from the next worker. Once the store is
+    closed, or once Celery's stop flag is up, nothing receives."""
+    from celery.worker import state
+
+    from celery_workflow.transport.sqs_store import SQSBrokerStore
+
+    store = SQSBrokerStore(world, wait=1)
+    store.receive(["celery"])
+    assert store._receivers  # a receiver long-polls the queue it consumes
+    store.close()
+    assert store.receive(["celery"]) == [] and not store._receivers
+    Producer(Connection("aws://", transport=Transport, transport_options={"world": world}).channel()).publish(
+        {"n": 1}, exchange="", routing_key="celery", serializer="json"
+    )
+    assert _visible(aws, aws.queue_url) == 1  # still there for the next worker
+
+    conn = Connection("aws://", transport=Transport, transport_options={"world": world})
+    conn.connect()
+    try:
+        with Consumer(conn.channel(), [Queue("celery", Exchange("celery", type="direct"), routing_key="celery")]):
+            monkeypatch.setattr(state, "should_stop", 0)
+            with pytest.raises(TimeoutError):
+                conn.drain_events(timeout=10)
+            assert not conn.transport.sqs_store._receivers  # no receiver was started for the stopping worker
+            assert _visible(aws, aws.queue_url) == 1
+    finally:
+        monkeypatch.setattr(state, "should_stop", None)
+        conn.release()
