@@ -114,6 +114,7 @@ class SQSBrokerStore:
         self._receivers: dict[str, _Receiver] = {}
         self._consumed: set[str] = set()
         self._closed = False  # closed: no receiver starts again (its long poll would outlive the process)
+        self._stopping: list[_Receiver] = []  # stopped receivers whose last poll may still be in flight
         # without a control channel: direct routing state, in this process only
         self._exchanges: dict[str, str] = {}
         self._bindings: dict[tuple[str, str, str], Binding] = {}
@@ -250,25 +251,25 @@ class SQSBrokerStore:
             self._consumed.difference_update(queues)
             held = [c for q in queues for c in self._buffer.pop(q, deque())]
             self._cond.notify_all()
-        stopped = []
         for queue in queues:
             receiver = self._receivers.pop(queue, None)
             if receiver is not None:
                 receiver.stopped.set()
-                stopped.append(receiver)
+                self._stopping.append(receiver)
         for claimed in held:
             self.release(claimed.receipt)
-        if wait:
-            for receiver in stopped:
+        if wait:  # every stopped receiver still polling, those of earlier cancels included
+            for receiver in list(self._stopping):
                 if receiver is not threading.current_thread():
                     receiver.join(self.wait + 5.0)
+            self._stopping = [r for r in self._stopping if r.is_alive()]
 
     def close(self) -> None:
         """Stop the receivers (waiting for their polls, so no message is left hidden) and the control channel; no
         receiver starts afterwards: a long poll begun by a closing worker would be answered after it exited, and
         the message it took would stay hidden for its visibility timeout."""
         self._closed = True
-        self.stop_consuming(list(self._receivers), wait=True)
+        self.stop_consuming(list(self._receivers), wait=True)  # and waits for receivers cancelled earlier
         if self.control is not None:
             self.control.close()
 

@@ -174,6 +174,14 @@ def test_a_closed_store_starts_no_receiver(world: AWSWorld, aws: Aws, monkeypatc
 
     from celery_workflow.transport.sqs_store import SQSBrokerStore
 
+    cancelled = SQSBrokerStore(world, wait=2)
+    cancelled.set_demand(1)
+    cancelled.receive(["celery"])
+    receiver = cancelled._receivers["celery"]
+    cancelled.stop_consuming(["celery"])  # Celery cancels its task consumer first, without waiting ...
+    cancelled.close()  # ... then closes the connection: that waits for the cancelled receiver's poll too
+    assert not receiver.is_alive()
+
     store = SQSBrokerStore(world, wait=1)
     store.receive(["celery"])
     assert store._receivers  # a receiver long-polls the queue it consumes
