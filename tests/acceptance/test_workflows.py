@@ -290,8 +290,12 @@ def test_flower_lists_the_workflow_and_step_deliveries_of_a_run(
     )
     try:
         try:
+            # Flower inspects the workers once, when it starts, and again only when asked (refresh): a worker that
+            # missed the first inspect's one-second timeout would otherwise stay unlisted
             wait_for(
-                lambda: "main@" in json.dumps(_flower_api(port, "/api/workers") or {}), 60, "Flower to see the worker"
+                lambda: "main@" in json.dumps(_flower_api(port, "/api/workers?refresh=1") or {}),
+                60,
+                "Flower to see the worker",
             )
         except AssertionError as exc:
             log.flush()
