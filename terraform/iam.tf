@@ -22,6 +22,16 @@ locals {
   table_resources = [aws_dynamodb_table.this.arn, "${aws_dynamodb_table.this.arn}/index/*"]
 }
 
+# Both sides: the table's items and its indexes.
+data "aws_iam_policy_document" "table" {
+  statement {
+    sid       = "Table"
+    effect    = "Allow"
+    actions   = local.table_item_actions
+    resources = local.table_resources
+  }
+}
+
 # Both sides, with the Scheduler: create and delete our schedules (celery-workflow-<id>), and pass the Scheduler role
 # they name (the seed lists iam:PassRole for the worker only; AWS needs it for the API's CreateSchedule as well).
 data "aws_iam_policy_document" "schedules" {
@@ -49,14 +59,7 @@ data "aws_iam_policy_document" "schedules" {
 }
 
 data "aws_iam_policy_document" "worker" {
-  source_policy_documents = data.aws_iam_policy_document.schedules[*].json
-
-  statement {
-    sid       = "Table"
-    effect    = "Allow"
-    actions   = local.table_item_actions
-    resources = local.table_resources
-  }
+  source_policy_documents = concat([data.aws_iam_policy_document.table.json], data.aws_iam_policy_document.schedules[*].json)
 
   statement {
     sid       = "DeleteExpiredRuns"
@@ -80,14 +83,7 @@ data "aws_iam_policy_document" "worker" {
 }
 
 data "aws_iam_policy_document" "api" {
-  source_policy_documents = data.aws_iam_policy_document.schedules[*].json
-
-  statement {
-    sid       = "Table"
-    effect    = "Allow"
-    actions   = local.table_item_actions
-    resources = local.table_resources
-  }
+  source_policy_documents = concat([data.aws_iam_policy_document.table.json], data.aws_iam_policy_document.schedules[*].json)
 
   statement {
     sid       = "Queues"
