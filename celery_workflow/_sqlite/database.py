@@ -5,34 +5,87 @@
   deadlocking on lock upgrades.
 * Migrations (:mod:`celery_workflow._backend.migrations`): ``celery_workflow/sql/sqlite/NNNN_name.sql`` applied in
   order inside one exclusive transaction; a database newer than this library is refused.
-* URLs: :func:`database_path` reads the ``sqlite:///…`` form the World and the transport share.
+* URLs: :func:`parse_database_url` reads the ``sqlite:///…[?prefix=…]`` form the World and the transport share
+  (:func:`database_path` is its path alone), :func:`database_url` writes it.
 * :meth:`Database.wait_for_change` polls ``PRAGMA data_version`` (a shared-memory read, no disk I/O), so waiters in
   other processes wake within milliseconds of a commit without re-running their queries in a loop.
+
+Table prefix
+============
+``Database(path, prefix="app1_")`` (URL ``sqlite:///path.db?prefix=app1_``) gives every table and index the name
+``app1_celery_workflow_…`` instead of ``celery_workflow_…``, so several apps (each a World and its transport) share
+one file without seeing each other's runs, queues, bindings or consumers, as Postgres schemas isolate them there.
+A prefix is 1 to 31 characters, a letter then letters, digits or ``_`` (``^[A-Za-z][A-Za-z0-9_]{0,30}$``); ``""``
+is none. Each prefix is a database of its own in the file: its own ``…celery_workflow_schema_version`` table, its own
+migrations (one prefix may be at a newer schema than another), its own rows; only the file's locks are shared.
+
+The code and the migrations keep writing the unprefixed names. A prefixed Database opens :class:`PrefixedConnection`
+(``factory=`` of ``sqlite3.connect``), whose ``execute`` / ``executemany`` / ``executescript`` and cursors rewrite each
+statement before SQLite sees it (:func:`prefixed`, cached per statement text), so SQL added anywhere later is prefixed
+with no change; an unprefixed Database opens plain ``sqlite3.Connection`` objects and pays nothing.
+
+The rewrite: every name starting with ``celery_workflow_`` that is not the tail of a longer word (bare,
+``"quoted"``, ``[bracketed]`` or qualified like ``h.``) gets the prefix; string literals (``'…'``, also inside
+``X'…'``) and comments (``--…`` and ``/*…*/``) are copied unchanged. The rule that makes this safe: **data are
+always bound parameters** (``?``), never spliced into SQL text; statements interpolate only names (tables, columns,
+indexes) and placeholders, and their only literals are constants (``'hook_created'``, ``CHECK (status IN
+('pending', …))``, ``DEFAULT '{}'``). Keep it that way, and never name a column, alias or function
+``celery_workflow_…``: it would be prefixed too.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import quote, unquote
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+from urllib.parse import parse_qsl, quote, unquote
 
 from celery_workflow._backend.migrations import check_version, migrations
-from celery_workflow.errors import WorldError
+from celery_workflow.errors import ConfigurationError, WorldError
+
+if TYPE_CHECKING:
+    from sqlite3 import _Parameters
 
 BUSY_TIMEOUT_MS = 30_000
 CHANGE_POLL = 0.005
 
 
-def database_path(url: str) -> str:
-    """The absolute database path of ``sqlite:////abs/path.db``, ``sqlite:///relative.db`` or a bare path.
+PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,30}")
+#: The query parameters a ``sqlite://`` URL may carry.
+URL_PARAMETERS = ("prefix",)
 
-    The form the SQLite World and the SQLite transport share; ValueError for another scheme, a host, a query string
-    or an in-memory database (which other processes cannot open).
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` is not a valid table prefix, or None when it is (``""`` is: no prefix)."""
+    if not isinstance(prefix, str):
+        return f"a table prefix is a string, got {prefix!r}"
+    if prefix and PREFIX.fullmatch(prefix) is None:
+        return f"invalid table prefix {prefix!r}: a letter, then up to 30 letters, digits or '_' (like 'app1_')"
+    return None
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a valid table prefix (``""`` included), else ConfigurationError."""
+    problem = prefix_problem(prefix)
+    if problem is not None:
+        raise ConfigurationError(problem)
+    return prefix
+
+
+def parse_database_url(url: str) -> tuple[str, str]:
+    """``(absolute path, table prefix)`` of ``sqlite:////abs/path.db``, ``sqlite:///relative.db`` or a bare path,
+    each optionally followed by ``?prefix=app1_`` (``""`` when absent).
+
+    The form the SQLite World and the SQLite transport share; ValueError for another scheme, a host, any query
+    parameter but one ``prefix``, an invalid prefix, or an in-memory database (which other processes cannot open).
+    A ``?`` in the file name must be percent-escaped (``%3F``, as :func:`database_url` writes it).
     """
     text = (url or "").strip()
     if "://" in text:
@@ -42,17 +95,113 @@ def database_path(url: str) -> str:
         if not rest.startswith("/"):
             raise ValueError(f"use sqlite:///relative.db or sqlite:////abs/path.db (no host), got {url!r}")
         text = rest[1:]
+    prefix = ""
     if "?" in text:
-        raise ValueError(f"a SQLite database URL takes no query string: {url!r}")
+        text, query = text.split("?", 1)
+        try:
+            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+        except ValueError:  # a field without "=", an empty field
+            pairs = [("", "")]
+        names = [name for name, _ in pairs]
+        unknown = sorted({name for name in names if name not in URL_PARAMETERS})
+        if unknown or not names or len(names) != len(set(names)):
+            got = (
+                f"unknown {', '.join(map(repr, unknown))}"
+                if any(unknown)
+                else f"an empty, malformed or repeated parameter in {query!r}"
+            )
+            raise ValueError(
+                f"a SQLite database URL takes one query parameter, 'prefix' (like ?prefix=app1_), and nothing else:"
+                f" {got} in {url!r}"
+            )
+        prefix = dict(pairs).get("prefix", "")
+        problem = prefix_problem(prefix)
+        if problem is not None:
+            raise ValueError(f"{problem}, in {url!r}")
     path = unquote(text)
     if not path or path == ":memory:" or path.startswith("file:"):
         raise ValueError(f"a SQLite database needs a file path, got {url!r}")
-    return str(Path(path).expanduser().resolve())
+    return str(Path(path).expanduser().resolve()), prefix
 
 
-def database_url(path: str) -> str:
-    """The ``sqlite:////abs/path`` URL of an absolute path (percent-escaped): :func:`database_path` reads it back."""
-    return "sqlite:///" + quote(path, safe="/")
+def database_path(url: str) -> str:
+    """The absolute database path of a URL :func:`parse_database_url` reads (which see; its prefix is checked and
+    dropped: code that opens the database needs both)."""
+    return parse_database_url(url)[0]
+
+
+def database_url(path: str, prefix: str = "") -> str:
+    """The ``sqlite:////abs/path[?prefix=…]`` URL of an absolute path (percent-escaped) and a table prefix:
+    :func:`parse_database_url` reads it back."""
+    url = "sqlite:///" + quote(path, safe="/")
+    return f"{url}?prefix={check_prefix(prefix)}" if prefix else url
+
+
+# -- the table prefix ------------------------------------------------------------------------------------------------
+
+# What a statement is made of, for the rewrite: a string literal or a comment (copied as they are) or a name to prefix.
+# Two adjacent literals ('it''s') are one escaped literal to SQLite and two here: the same text is skipped either way.
+_TOKENS = re.compile(r"('[^']*'?|--[^\n]*|/\*.*?(?:\*/|\Z))|\bcelery_workflow_", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=4096)
+def prefixed(sql: str, prefix: str) -> str:
+    """``sql`` with ``prefix`` before each ``celery_workflow_…`` name, literals and comments unchanged (see the
+    module docstring for the rule that makes this safe)."""
+    if not prefix:
+        return sql
+    return _TOKENS.sub(lambda m: m.group(1) or prefix + "celery_workflow_", sql)
+
+
+_C = TypeVar("_C", bound=sqlite3.Cursor)
+
+
+class PrefixedCursor(sqlite3.Cursor):
+    """A cursor of a :class:`PrefixedConnection`: its statements are rewritten with the connection's prefix."""
+
+    def _prefix(self) -> str:
+        return str(getattr(self.connection, "prefix", ""))
+
+    def execute(self, sql: str, parameters: _Parameters = (), /) -> Self:
+        return super().execute(prefixed(sql, self._prefix()), parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[_Parameters], /) -> Self:
+        return super().executemany(prefixed(sql, self._prefix()), seq_of_parameters)
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        return super().executescript(prefixed(sql_script, self._prefix()))
+
+
+class PrefixedConnection(sqlite3.Connection):
+    """A connection whose every statement names the ``prefix``-ed tables (:func:`prefixed`).
+
+    ``execute``, ``executemany`` and ``executescript`` run on a :class:`PrefixedCursor`, as do cursors from
+    :meth:`cursor` (a ``factory`` must make PrefixedCursor objects: another cursor would run statements unchanged).
+    """
+
+    prefix: str = ""
+
+    @overload
+    def cursor(self, factory: None = None) -> PrefixedCursor: ...
+    @overload
+    def cursor(self, factory: Callable[[sqlite3.Connection], _C]) -> _C: ...
+    def cursor(self, factory: Callable[[sqlite3.Connection], Any] | None = None) -> Any:
+        if factory is None:
+            return super().cursor(PrefixedCursor)
+        cursor = super().cursor(factory)
+        if not isinstance(cursor, PrefixedCursor):
+            cursor.close()
+            raise TypeError(f"a cursor of a prefixed connection must be a PrefixedCursor, got {type(cursor)!r}")
+        return cursor
+
+    def execute(self, sql: str, parameters: _Parameters = (), /) -> PrefixedCursor:
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, parameters: Iterable[_Parameters], /) -> PrefixedCursor:
+        return self.cursor().executemany(sql, parameters)
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        return self.cursor().executescript(sql_script)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -68,10 +217,19 @@ def _statements(script: str) -> Iterator[str]:
 
 
 class Database:
-    """A SQLite file shared by processes on one machine."""
+    """A SQLite file shared by processes on one machine; with ``prefix``, the tables of that prefix in it (see the
+    module docstring). An invalid prefix raises ConfigurationError."""
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "NORMAL", migrate: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        prefix: str = "",
+        synchronous: str = "NORMAL",
+        migrate: bool = True,
+    ) -> None:
         self.path = str(Path(path).expanduser().resolve())
+        self.prefix = check_prefix(prefix)
         self.synchronous = synchronous
         self._lock = threading.Lock()
         self._conns: dict[tuple[int, int], sqlite3.Connection] = {}
@@ -106,8 +264,14 @@ class Database:
             raise WorldError(f"cannot create SQLite database {self.path}: {exc}") from exc
         try:
             conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+                self.path,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=BUSY_TIMEOUT_MS / 1000,
+                factory=PrefixedConnection if self.prefix else sqlite3.Connection,
             )
+            if isinstance(conn, PrefixedConnection):
+                conn.prefix = self.prefix
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
@@ -175,7 +339,7 @@ class Database:
 
     def migrate(self, *, up_to: int | None = None) -> int:
         """Apply missing migrations (those up to version ``up_to``, if given); return the schema version. Refuses a
-        database newer than this library."""
+        database newer than this library. With a prefix, the prefix's own tables and version table."""
         packaged = migrations("sqlite")
         known = [m for m in packaged if up_to is None or m.version <= up_to]
         with self.transaction("EXCLUSIVE") as conn:

@@ -39,7 +39,7 @@ from celery_workflow._backend.checks import check_chunks, check_stream_name
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._sqlite.append import SQLiteAppend, insert_events, load_run
-from celery_workflow._sqlite.database import Database, database_path, database_url
+from celery_workflow._sqlite.database import Database, database_url, parse_database_url
 from celery_workflow._sqlite.queue import SQLiteQueue
 from celery_workflow._sqlite.rows import (
     CODEC,
@@ -74,7 +74,10 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
     """A World in one SQLite file (WAL), safe for the threads and processes of one machine.
 
     ``path`` is created with its parent folders if missing and migrated unless ``migrate=False``; a database
-    migrated by a newer celery_workflow raises :class:`~celery_workflow.errors.SchemaVersionError`.
+    migrated by a newer celery_workflow raises :class:`~celery_workflow.errors.SchemaVersionError`. With ``prefix``
+    (``"app1_"``; URL ``sqlite:///path.db?prefix=app1_``) the World and its transport use the tables
+    ``app1_celery_workflow_…`` of the file, so several apps share one file without seeing each other's runs and
+    queues (:mod:`celery_workflow._sqlite.database`); an invalid prefix raises ConfigurationError.
     """
 
     capabilities = Capabilities()
@@ -89,33 +92,45 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
         self,
         path: str | os.PathLike[str],
         *,
+        prefix: str = "",
         poll_interval: float = 0.05,
         synchronous: str = "NORMAL",
         migrate: bool = True,
     ) -> None:
         self.poll_interval = poll_interval
         with sqlite_errors():
-            self.db = Database(path, synchronous=synchronous, migrate=migrate)
+            self.db = Database(path, prefix=prefix, synchronous=synchronous, migrate=migrate)
         #: The queue store (shared with the SQLite Kombu transport).
         self.store = SQLiteQueue(self.db)
         self._steps = SQLiteAppend(self)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteWorld:
-        """``sqlite:///relative.db`` (three slashes) or ``sqlite:////abs/path.db`` (four); same form as the transport."""
+        """``sqlite:///relative.db`` (three slashes) or ``sqlite:////abs/path.db`` (four), optionally with
+        ``?prefix=app1_``; same form as the transport. A ``prefix`` option must agree with the URL's."""
         if not url.lower().startswith("sqlite://"):
             raise ConfigurationError(f"not a SQLite URL: {url!r}")
         try:
-            path = database_path(url)
+            path, prefix = parse_database_url(url)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from exc
-        return cls(path, **options)
+        option = options.pop("prefix", None)
+        if option is not None and prefix and option != prefix:
+            raise ConfigurationError(f"prefix={option!r} contradicts the URL's prefix {prefix!r}: {url!r}")
+        return cls(path, prefix=prefix or option or "", **options)
 
     @property
     def path(self) -> str:
         return self.db.path
 
+    @property
+    def prefix(self) -> str:
+        """The table prefix (``""``: none)."""
+        return self.db.prefix
+
     def __repr__(self) -> str:
+        if self.db.prefix:
+            return f"SQLiteWorld({self.db.path!r}, prefix={self.db.prefix!r})"
         return f"SQLiteWorld({self.db.path!r})"
 
     # -- plumbing ------------------------------------------------------------------------------------------------
@@ -319,8 +334,12 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
     # -- wiring --------------------------------------------------------------------------------------------------
 
     def broker(self) -> BrokerSpec:
-        """The SQLite Kombu transport on this database file (``sqlite:////abs/path``, percent-escaped)."""
-        return BrokerSpec(transport="celery_workflow.transport.sqlite:Transport", url=database_url(self.db.path))
+        """The SQLite Kombu transport on this database file (``sqlite:////abs/path``, percent-escaped, with
+        ``?prefix=…`` when the World has a prefix: the URL alone names the tables, so ``celery inspect`` and Flower,
+        which rebuild a connection from it, see the same queues)."""
+        return BrokerSpec(
+            transport="celery_workflow.transport.sqlite:Transport", url=database_url(self.db.path, self.db.prefix)
+        )
 
     def start_upkeep(self) -> Upkeep | None:
         """None: the SQLite World needs no background work (the transport collects its own queues)."""

@@ -28,11 +28,15 @@ Select the transport with ``broker_transport`` and give the database file as the
     broker_transport = "celery_workflow.transport.sqlite:Transport"
     broker_url = "sqlite:////absolute/path/to/workflows.db"   # four slashes: absolute path
     broker_url = "sqlite:///relative/workflows.db"            # three slashes: relative to the working directory
+    broker_url = "sqlite:////abs/workflows.db?prefix=app1_"   # the tables app1_celery_workflow_… of the file
 
-The transport parses the URL itself (``can_parse_url``), so Kombu keeps it whole; percent-escapes are decoded, a
-query string is not allowed, and an in-memory database is refused (it cannot be shared by processes). This is the
-same URL form as the SQLite World's. Register an alias if you prefer a scheme over ``broker_transport``: Kombu has
-no entry points for transports and a dotted path as URL scheme does not survive ``urlparse``.
+The transport parses the URL itself (``can_parse_url``), so Kombu keeps it whole; percent-escapes are decoded, the
+only query parameter allowed is ``prefix`` (a table prefix: apps with different prefixes share the file without
+seeing each other's queues, exchanges, bindings or consumers; see :mod:`celery_workflow._sqlite.database`), and an
+in-memory database is refused (it cannot be shared by processes). This is the same URL form as the SQLite World's,
+whose ``broker()`` gives the transport its prefix in the URL. Register an alias if you prefer a scheme over
+``broker_transport``: Kombu has no entry points for transports and a dotted path as URL scheme does not survive
+``urlparse``.
 
 Transport Options
 =================
@@ -42,6 +46,8 @@ Transport Options
 * ``heartbeat_interval`` (5.0): how often consumers refresh their queues (at most a quarter of ``x-expires``).
 * ``gc_interval`` (10.0): how often each connection collects expired queues and messages.
 * ``consumer_timeout`` (60.0): a consumer silent that long is dead; its auto_delete queues are deleted.
+* ``table_prefix`` (none): the table prefix when the URL has none; one that contradicts the URL's is refused.
+  Prefer the URL: ``celery inspect`` and Flower rebuild a connection from the broker URL alone in places.
 """
 
 from __future__ import annotations
@@ -52,23 +58,35 @@ from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES
 
-from celery_workflow._sqlite.database import Database, database_path
+from celery_workflow._sqlite.database import Database, database_path, parse_database_url
 from celery_workflow._sqlite.queue import SQLiteQueue
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
 
-__all__ = ["Channel", "Transport", "database_path"]
+__all__ = ["Channel", "Transport", "database_path", "parse_database_url", "store_location"]
 
 _lock = threading.Lock()
-_stores: dict[str, SQLiteQueue] = {}
+_stores: dict[tuple[str, str], SQLiteQueue] = {}
 
 
-def shared_queue(path: str) -> SQLiteQueue:
-    """One migrated :class:`SQLiteQueue` per database file and process (the Database is fork-safe)."""
+def shared_queue(path: str, prefix: str = "") -> SQLiteQueue:
+    """One migrated :class:`SQLiteQueue` per database file, table prefix and process (the Database is fork-safe)."""
     with _lock:
-        queue = _stores.get(path)
+        queue = _stores.get((path, prefix))
         if queue is None:
-            queue = _stores[path] = SQLiteQueue(Database(path))
+            queue = _stores[path, prefix] = SQLiteQueue(Database(path, prefix=prefix))
         return queue
+
+
+def store_location(url: str, options: dict[str, Any] | None = None) -> tuple[str, str]:
+    """``(path, prefix)`` of a broker URL and transport options: the URL's ``?prefix=``, else the ``table_prefix``
+    option; ValueError when they contradict each other (or the URL is not a SQLite one)."""
+    path, prefix = parse_database_url(url)
+    option = (options or {}).get("table_prefix")
+    if option is not None and option != prefix:
+        if prefix:
+            raise ValueError(f"transport option table_prefix={option!r} contradicts the broker URL's prefix: {url!r}")
+        prefix = str(option)
+    return path, prefix
 
 
 class Channel(StoreChannel):
@@ -89,7 +107,7 @@ class Transport(StoreTransport):
     channel_errors = (*StoreTransport.channel_errors, sqlite3.OperationalError)
 
     def open_store(self) -> BrokerStore:
-        return shared_queue(database_path(self.client.hostname))
+        return shared_queue(*store_location(self.client.hostname, self.client.transport_options))
 
     def driver_version(self) -> str:
         return sqlite3.sqlite_version
