@@ -4,8 +4,8 @@ This is the only module that knows Celery's task API: it registers the tasks, bu
 (:func:`build_message`, with Celery's own protocol-2 builder) and reads the transport's claim back from a request. Each workflow gets a task named ``workflow.<name>`` and each
 step ``step.<name>`` (what Flower shows); a delivery message carries the run id (and step id) as task arguments,
 and the delivery id as the task id. Tasks are ``acks_late`` with ``reject_on_worker_lost`` and prefetch 1, and do
-not ack on failure: an infrastructure error (the World unreachable, say) leaves the delivery to be retried with
-backoff by the transport. Step retries and failures are recorded in the World, never left to Celery.
+not ack on failure: an infrastructure error (the World unreachable, say) puts the delivery back with a backoff and
+the error in its history, until its queue's delivery limit dead-letters it (:mod:`celery_workflow.dead_letters`). Step retries and failures are recorded in the World, never left to Celery.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
+from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, Upkeep, World, open_world
 
 P = ParamSpec("P")
@@ -368,7 +369,12 @@ class Workflows:
         runtime = self.runtime
 
         def run_workflow(task: Any, run_id: str) -> str:
-            return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), claim=_claim(task))
+            claim = _claim(task)
+            try:
+                return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), claim=claim)
+            except Exception as exc:
+                self._put_back(claim, exc)
+                raise
 
         run_workflow.__name__ = run_workflow.__qualname__ = f"workflow_{wdef.name}"
         self.celery_app.task(name=workflow_task_name(wdef.name), **self._task_options())(run_workflow)
@@ -377,10 +383,30 @@ class Workflows:
         runtime = self.runtime
 
         def run_step(task: Any, run_id: str, step_id: str) -> str:
-            return runtime.handle_step(run_id, step_id, delivery_id=str(task.request.id), claim=_claim(task))
+            claim = _claim(task)
+            try:
+                return runtime.handle_step(run_id, step_id, delivery_id=str(task.request.id), claim=claim)
+            except Exception as exc:
+                self._put_back(claim, exc)
+                raise
 
         run_step.__name__ = run_step.__qualname__ = f"step_{sdef.name}"
         self.celery_app.task(name=step_task_name(sdef.name), **self._task_options())(run_step)
+
+    def _put_back(self, claim: Claim | None, exc: Exception) -> None:
+        """A delivery whose handling failed (the World unreachable, a bug): due again after a backoff, with the error
+        recorded in its history. Celery then rejects it, which changes nothing any more (its receipt is stale);
+        after the queue's delivery limit the transport moves it to the dead letters and fails its run."""
+        if claim is None:
+            return
+        try:
+            error = f"{type(exc).__name__}: {exc}"
+        except Exception:
+            error = f"{type(exc).__name__}: <str() failed>"
+        try:
+            self.world.retry_later(claim.receipt, backoff(claim.attempts), error=error)
+        except Exception as again:
+            log.warning("cannot put delivery %s back (%s); it returns when its lease runs out", claim.receipt, again)
 
     # -- outside calls ---------------------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@
     celery-workflow runs list [--status S]   runs, newest first
     celery-workflow runs show RUN_ID         a run, its steps and its events
     celery-workflow runs cancel RUN_ID       cancel a run
+    celery-workflow dead-letters list|show ID|redrive [--queue Q] [ID…]|purge
+                                             messages no consumer could process (:mod:`.cli_dead_letters`)
     celery-workflow create-table NAME        create the AWS World's DynamoDB table and wait until it is active
 
 The World is ``--world URL``, else ``$CELERY_WORKFLOW_URL``, else ``sqlite:///celery_workflow.sqlite3``.
@@ -18,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from celery_workflow import cli_dead_letters
 from celery_workflow.app import DEFAULT_URL
 from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus
@@ -130,6 +133,7 @@ def parser() -> argparse.ArgumentParser:
     cancel = rsub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
     cancel.set_defaults(func=cmd_runs_cancel)
+    cli_dead_letters.add_parser(sub, _world)
     table = sub.add_parser("create-table", help="create the AWS World's DynamoDB table and wait until it is active")
     table.add_argument("name", help="the table's name (the Terraform module's WORKFLOW_TABLE)")
     table.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the table (default 300)")

@@ -22,6 +22,8 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     │   │   └── WebhookUsed         a webhook that answers once has already received its request
     │   └── TooEarly                a step's retry delay has not passed (425)
     ├── WorkflowNotFound            no workflow registered under that name
+    ├── DeadLetterNotFound          no dead letter with that id
+    ├── DeadLettered                a run's delivery was moved to the dead letters (the cause of its failure)
     ├── ReplayDivergence            the event log does not match the workflow code
     ├── HookConflict                a hook's token is owned by another live hook
     ├── StepFailed                  raised inside a workflow when a step failed for good
@@ -165,6 +167,14 @@ class TooEarly(EventRejected):
 
 class WorkflowNotFound(CeleryWorkflowError, LookupError):
     """No workflow is registered under that name."""
+
+
+class DeadLetterNotFound(CeleryWorkflowError, LookupError):
+    """No dead letter has that id (it was redriven or purged, or never existed)."""
+
+
+class DeadLettered(CeleryWorkflowError):
+    """A delivery of the run was moved to the dead letters: no consumer could process it."""
 
 
 class ReplayDivergence(CeleryWorkflowError):

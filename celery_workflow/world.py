@@ -293,8 +293,9 @@ class World(Protocol):
         """Give a claimed delivery back at once (shutdown, requeue)."""
         ...
 
-    def retry_later(self, receipt: str, delay: float) -> None:
-        """Release a claimed delivery, due again in ``delay`` seconds."""
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
+        """Release a claimed delivery, due again in ``delay`` seconds: a failed delivery, whose ``error`` a World
+        that keeps failure history records (it goes into the message's dead letter, should it come to that)."""
         ...
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:

@@ -326,7 +326,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
     def release(self, receipt: str) -> None:
         self.queue.set_visibility([receipt], 0)
 
-    def retry_later(self, receipt: str, delay: float) -> None:
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
         self.queue.set_visibility([receipt], max(delay, 0.0))
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:

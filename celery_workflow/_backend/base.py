@@ -10,16 +10,21 @@ request, then run :func:`celery_workflow._backend.template.append` with the Worl
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from celery_workflow import dead_letters
 from celery_workflow._backend import template
 from celery_workflow._backend.checks import check_deliveries
 from celery_workflow._backend.template import AppendRequest, AppendSteps
+from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetter
 from celery_workflow.events import NewEvent
 from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, StreamPage
 
 __all__ = ["QueueStore", "StoreQueue", "StoreStreams", "StreamStore", "TemplateWorld"]
+
+log = logging.getLogger("celery_workflow")
 
 
 class TemplateWorld:
@@ -52,8 +57,9 @@ class QueueStore(Protocol):
     def claim(self, queues: Sequence[str], *, limit: int = ..., lease: float = ...) -> list[ClaimedDelivery]: ...
     def ack(self, receipt: str) -> None: ...
     def release(self, receipt: str) -> None: ...
-    def retry_later(self, receipt: str, delay: float) -> None: ...
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = ...) -> None: ...
     def extend(self, receipts: Sequence[str], lease: float) -> None: ...
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = ...) -> DeadLetter | None: ...
 
 
 class StoreQueue:
@@ -65,10 +71,26 @@ class StoreQueue:
         check_deliveries(deliveries)
         return self.store.enqueue(deliveries)
 
+    #: Deliveries a message gets from :meth:`claim` before it is dead-lettered and its run failed (the Celery
+    #: transports apply their own ``max_deliveries`` option to what they receive).
+    max_deliveries: int | None = DEFAULT_MAX_DELIVERIES
+
     def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
         if lease <= 0:
             raise ValueError("lease must be positive")
-        return self.store.claim(queues, limit=limit, lease=lease)
+        claims = self.store.claim(queues, limit=limit, lease=lease)
+        if self.max_deliveries is None or all(c.attempts <= self.max_deliveries for c in claims):
+            return claims
+        kept = []
+        for claim in claims:
+            if claim.attempts <= self.max_deliveries:
+                kept.append(claim)
+                continue
+            letter = self.store.dead_letter(claim.receipt, reason=dead_letters.MAX_DELIVERIES)
+            if letter is not None:
+                log.error("%s (dead letter %s)", letter.describe(), letter.id)
+                dead_letters.fail_run(self, letter)
+        return kept
 
     def ack(self, receipt: str) -> None:
         self.store.ack(receipt)
@@ -76,8 +98,8 @@ class StoreQueue:
     def release(self, receipt: str) -> None:
         self.store.release(receipt)
 
-    def retry_later(self, receipt: str, delay: float) -> None:
-        self.store.retry_later(receipt, delay)
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
+        self.store.retry_later(receipt, delay, error=error)
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
         self.store.extend(receipts, lease)

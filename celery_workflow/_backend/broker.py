@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from celery_workflow._backend.migrations import Table, columns
+from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import WorldError
 from celery_workflow.world import ClaimedDelivery
 
@@ -22,6 +24,7 @@ __all__ = [
     "Binding",
     "QueuedMessage",
     "claimed",
+    "dead_letters",
     "format_receipt",
     "parse_receipt",
     "queue_declaration",
@@ -34,6 +37,11 @@ BROKER_QUEUES = "celery_workflow_broker_queues"
 BROKER_EXCHANGES = "celery_workflow_broker_exchanges"
 BROKER_BINDINGS = "celery_workflow_broker_bindings"
 BROKER_CONSUMERS = "celery_workflow_broker_consumers"
+DEAD_LETTERS = "celery_workflow_dead_letters"
+#: The columns of a dead letter, in the order stores select them to build a :class:`DeadLetter`.
+DEAD_LETTER_COLUMNS = (
+    "id message_id queue run_id attempts reason last_error first_failed_at last_failed_at enqueued_at dead_at payload"
+)
 
 
 def queue_tables(*, ttl_columns: tuple[str, str], idempotency_indexes: Sequence[str]) -> dict[str, Table]:
@@ -43,7 +51,10 @@ def queue_tables(*, ttl_columns: tuple[str, str], idempotency_indexes: Sequence[
     expires, message_ttl = ttl_columns
     return {
         QUEUE: Table(
-            columns("id queue payload run_id not_before attempts lease_until idempotency_key expires_at created_at"),
+            columns(
+                "id queue payload run_id not_before attempts lease_until idempotency_key expires_at created_at"
+                " first_failed_at last_failed_at last_error"
+            ),
             ("id",),
             {
                 **dict.fromkeys(
@@ -63,6 +74,14 @@ def queue_tables(*, ttl_columns: tuple[str, str], idempotency_indexes: Sequence[
             {"celery_workflow_broker_bindings_queue": False},
         ),
         BROKER_CONSUMERS: Table(columns("queue consumer seen_at"), ("queue", "consumer")),
+        DEAD_LETTERS: Table(
+            columns(
+                "id message_id queue payload run_id attempts reason last_error first_failed_at last_failed_at"
+                " enqueued_at dead_at"
+            ),
+            ("id",),
+            {"celery_workflow_dead_letters_queue": False, "celery_workflow_dead_letters_run": False},
+        ),
     }
 
 
@@ -131,6 +150,22 @@ def parse_receipt(receipt: str) -> tuple[int, int]:
         return int(row_id), int(attempts)
     except (AttributeError, ValueError) as exc:
         raise WorldError(f"malformed queue receipt {receipt!r}") from exc
+
+
+def dead_letters(rows: Iterable[Sequence[Any]], when: Callable[[Any], datetime | None]) -> list[DeadLetter]:
+    """The dead letters of rows selected as :data:`DEAD_LETTER_COLUMNS`, their times turned into UTC datetimes by
+    ``when``."""
+    out = []
+    for i, mid, q, run, att, reason, err, first, last, enq, dead, payload in rows:
+        enqueued, died = when(enq), when(dead)
+        assert enqueued is not None and died is not None
+        out.append(
+            DeadLetter(
+                int(i), int(mid), str(q), run, int(att), str(reason), err, when(first), when(last), enqueued, died,
+                bytes(payload),
+            )
+        )  # fmt: skip
+    return out
 
 
 def claimed(row_id: int, queue: str, payload: bytes, attempts: int, run_id: str | None) -> ClaimedDelivery:

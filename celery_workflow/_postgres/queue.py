@@ -50,16 +50,20 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from celery_workflow import codec
 from celery_workflow._backend.broker import (
     Binding,
     QueuedMessage,
     claimed,
+    dead_letters,
     parse_receipt,
     queue_declaration,
     queued_messages,
 )
 from celery_workflow._postgres import queue_sql as stmt
 from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase, Script
+from celery_workflow.dead_letters import MAX_ERROR, DeadLetter
+from celery_workflow.errors import DeadLetterNotFound
 from celery_workflow.ids import to_utc
 from celery_workflow.world import ClaimedDelivery, Delivery
 
@@ -80,6 +84,14 @@ def _seconds(value: float | None) -> timedelta | None:
 
 def _at(epoch: float | None) -> datetime | None:
     return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+def _error(text: str | None) -> str | None:
+    return None if text is None else codec.cut(text, MAX_ERROR)
 
 
 def _total(value: timedelta | None) -> float | None:
@@ -238,17 +250,69 @@ class PostgresQueue:
             attempts=attempts,
         )
 
-    def retry_later(self, receipt: str, delay: float) -> None:
-        """Clear the lease and make the row due ``delay`` seconds from now. No-op when the receipt is stale."""
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
+        """Clear the lease and make the row due ``delay`` seconds from now, recording a failed delivery (and
+        ``error``, when given, as its last error). No-op when the receipt is stale."""
         row_id, attempts = parse_receipt(receipt)
         self._rowcount(
             "retry later",
-            f"UPDATE {stmt.Q} SET lease_until = NULL, not_before = {stmt.NOW} + %(delay)s"
+            f"UPDATE {stmt.Q} SET lease_until = NULL, not_before = {stmt.NOW} + %(delay)s,"
+            f" first_failed_at = COALESCE(first_failed_at, {stmt.NOW}), last_failed_at = {stmt.NOW},"
+            " last_error = COALESCE(%(error)s, last_error)"
             " WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
             commit_mode="lazy",
             id=row_id,
             attempts=attempts,
             delay=timedelta(seconds=max(delay, 0.0)),
+            error=_error(error),
+        )
+
+    # -- dead letters (celery_workflow.dead_letters.DeadLetterStore) -------------------------------------------
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move the claimed row to the dead letters with its history (``error`` becomes its last error when given);
+        None when the receipt is stale. On disk when this returns."""
+        row_id, attempts = parse_receipt(receipt)
+        rows = self._rows(
+            "dead-letter", stmt.DEAD_LETTER, commit_mode="disk", id=row_id, attempts=attempts, reason=reason,
+            error=_error(error),
+        )  # fmt: skip
+        letters = dead_letters(rows, _utc)
+        return letters[0] if letters else None
+
+    def list_dead_letters(
+        self, *, queue: str | None = None, run_id: str | None = None, after: int = 0, limit: int = 100
+    ) -> list[DeadLetter]:
+        """Dead letters with ids above ``after``, oldest first (of ``queue`` / ``run_id`` when given)."""
+        rows = self._rows(
+            "list dead letters",
+            f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE {stmt.DEAD_SELECTION}"
+            " AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s) AND id > %(after)s ORDER BY id LIMIT %(limit)s",
+            ids=None, queue=queue, run_id=run_id, after=after, limit=max(limit, 0),
+        )  # fmt: skip
+        return dead_letters(rows, _utc)
+
+    def get_dead_letter(self, letter_id: int) -> DeadLetter:
+        rows = self._rows(
+            "get dead letter", f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE id = %(id)s", id=int(letter_id)
+        )
+        if not rows:
+            raise DeadLetterNotFound(f"no dead letter {letter_id}")
+        return dead_letters(rows, _utc)[0]
+
+    def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+        """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""
+        if ids is not None and not ids:
+            return 0
+        chosen = None if ids is None else [int(i) for i in ids]
+        return len(self._rows("redrive dead letters", stmt.REDRIVE, commit_mode="disk", ids=chosen, queue=queue))
+
+    def purge_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+        if ids is not None and not ids:
+            return 0
+        chosen = None if ids is None else [int(i) for i in ids]
+        return self._rowcount(
+            "purge dead letters", f"DELETE FROM {stmt.DEAD} WHERE {stmt.DEAD_SELECTION}", ids=chosen, queue=queue
         )
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:

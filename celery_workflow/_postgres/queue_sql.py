@@ -12,16 +12,21 @@ from celery_workflow._backend.broker import (
     BROKER_CONSUMERS,
     BROKER_EXCHANGES,
     BROKER_QUEUES,
+    DEAD_LETTER_COLUMNS,
+    DEAD_LETTERS,
     QUEUE,
     queue_tables,
 )
 from celery_workflow._postgres.database import CHANNEL_QUEUE, notify_sql
+from celery_workflow.dead_letters import LEASE_EXPIRED
 
 Q = QUEUE
 QUEUES = BROKER_QUEUES
 EXCHANGES = BROKER_EXCHANGES
 BINDINGS = BROKER_BINDINGS
 CONSUMERS = BROKER_CONSUMERS
+DEAD = DEAD_LETTERS
+DEAD_COLUMNS = ", ".join(DEAD_LETTER_COLUMNS.split())
 
 #: The queue's tables as the code expects them (the migration test compares the migrated catalog with this).
 TABLES = queue_tables(
@@ -65,6 +70,9 @@ WITH ins AS (
 SELECT {NOTIFY} FROM ins
 """
 
+# A lease still set when a row is claimed again has run out: the delivery it covered failed.
+LEASE_EXPIRED_SQL = "'" + LEASE_EXPIRED.replace("'", "''") + "'"
+
 RECEIVE = f"""
 WITH picked AS (
     SELECT c.id FROM unnest(%(queues)s::text[]) AS n(name)
@@ -76,7 +84,10 @@ WITH picked AS (
     ) AS c
     ORDER BY c.not_before, c.id LIMIT %(limit)s
 ), leased AS (
-    UPDATE {Q} AS q SET lease_until = {NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL
+    UPDATE {Q} AS q SET lease_until = {NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL,
+        first_failed_at = COALESCE(q.first_failed_at, q.lease_until),
+        last_failed_at = COALESCE(q.lease_until, q.last_failed_at),
+        last_error = CASE WHEN q.lease_until IS NULL THEN q.last_error ELSE {LEASE_EXPIRED_SQL} END
     FROM picked WHERE q.id = picked.id AND q.queue <> ALL(%(no_ack)s::text[])
     RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id, q.not_before
 ), taken AS (
@@ -136,4 +147,38 @@ SELECT name FROM {QUEUES} AS d
 WHERE name = ANY(%(names)s::text[]) AND auto_delete
   AND NOT EXISTS (SELECT 1 FROM {CONSUMERS} AS c WHERE c.queue = d.name)
 ORDER BY name
+"""
+
+# Move one claimed row (matched by its receipt) to the dead letters, with its history.
+DEAD_LETTER = f"""
+WITH gone AS (
+    DELETE FROM {Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL
+    RETURNING id, queue, payload, run_id, attempts, first_failed_at, last_failed_at, last_error, created_at
+)
+INSERT INTO {DEAD} (message_id, queue, payload, run_id, attempts, reason, last_error, first_failed_at,
+                    last_failed_at, enqueued_at, dead_at)
+SELECT id, queue, payload, run_id, attempts, %(reason)s, COALESCE(%(error)s, last_error), first_failed_at,
+       last_failed_at, created_at, {NOW}
+FROM gone
+RETURNING {DEAD_COLUMNS}
+"""
+
+# The dead letters picked by ``%(ids)s`` (NULL: any) and ``%(queue)s`` (NULL: any).
+DEAD_SELECTION = (
+    "(%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[])) AND (%(queue)s::text IS NULL OR queue = %(queue)s)"
+)
+
+# Put dead letters back on their queues (due now, attempts reset) and delete them, in one statement; notify.
+REDRIVE = f"""
+WITH gone AS (
+    DELETE FROM {DEAD} WHERE {DEAD_SELECTION}
+    RETURNING id, queue, payload, run_id
+), ins AS (
+    INSERT INTO {Q} (queue, payload, run_id, not_before, expires_at, created_at)
+    SELECT g.queue, g.payload, g.run_id, {NOW}, {NOW} + d.message_ttl, {NOW}
+    FROM gone AS g LEFT JOIN {QUEUES} AS d ON d.name = g.queue
+    ORDER BY g.id
+    RETURNING queue
+)
+SELECT {NOTIFY} FROM ins
 """

@@ -34,24 +34,30 @@ import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Sized
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
+from celery_workflow import codec
 from celery_workflow._backend.broker import (
     BROKER_BINDINGS,
     BROKER_CONSUMERS,
     BROKER_EXCHANGES,
     BROKER_QUEUES,
+    DEAD_LETTER_COLUMNS,
+    DEAD_LETTERS,
     QUEUE,
     Binding,
     QueuedMessage,
     claimed,
+    dead_letters,
     parse_receipt,
     queue_declaration,
     queue_tables,
     queued_messages,
 )
 from celery_workflow._sqlite.database import Database
-from celery_workflow.errors import WorldError
+from celery_workflow.dead_letters import LEASE_EXPIRED, MAX_ERROR, DeadLetter
+from celery_workflow.errors import DeadLetterNotFound, WorldError
 from celery_workflow.ids import to_micros
 from celery_workflow.world import ClaimedDelivery, Delivery
 
@@ -62,6 +68,8 @@ _QUEUES = BROKER_QUEUES
 _EXCHANGES = BROKER_EXCHANGES
 _BINDINGS = BROKER_BINDINGS
 _CONSUMERS = BROKER_CONSUMERS
+_DEAD = DEAD_LETTERS
+_DEAD_COLUMNS = ", ".join(DEAD_LETTER_COLUMNS.split())
 
 #: The queue's tables as the code expects them (the migration test compares the migrated schema with this).
 TABLES = queue_tables(
@@ -80,6 +88,14 @@ _CLAIMABLE = "queue = ? AND not_before <= ? AND (lease_until IS NULL OR lease_un
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
+
+
+def _error(text: str | None) -> str | None:
+    return None if text is None else codec.cut(text, MAX_ERROR)
+
+
+def _datetime(micros: int | None) -> datetime | None:
+    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, UTC)
 
 
 def _marks(values: Sized) -> str:
@@ -175,15 +191,17 @@ class SQLiteQueue:
                 (row_id, attempts),
             )
 
-    def retry_later(self, receipt: str, delay: float) -> None:
-        """Clear the lease and make the row due ``delay`` seconds from now. No-op when the receipt is stale."""
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
+        """Clear the lease and make the row due ``delay`` seconds from now, recording a failed delivery (and
+        ``error``, when given, as its last error). No-op when the receipt is stale."""
         row_id, attempts = parse_receipt(receipt)
         now = self._now()
         with self._write() as conn:
             conn.execute(
-                f"UPDATE {_Q} SET lease_until = NULL, not_before = ?"
+                f"UPDATE {_Q} SET lease_until = NULL, not_before = ?, first_failed_at = COALESCE(first_failed_at, ?),"
+                " last_failed_at = ?, last_error = COALESCE(?, last_error)"
                 " WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
-                (now + _us(max(delay, 0.0)), row_id, attempts),
+                (now + _us(max(delay, 0.0)), now, now, _error(error), row_id, attempts),
             )
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
@@ -265,10 +283,12 @@ class SQLiteQueue:
             ids = [row_id for _, row_id in self._candidates(conn, queues, now, limit)]
             if not ids:
                 return []
-            rows = conn.execute(
-                f"UPDATE {_Q} SET lease_until = ?, attempts = attempts + 1, idempotency_key = NULL"
+            rows = conn.execute(  # a lease still set has run out: the delivery it covered failed
+                f"UPDATE {_Q} SET lease_until = ?, attempts = attempts + 1, idempotency_key = NULL,"
+                " first_failed_at = COALESCE(first_failed_at, lease_until), last_failed_at = COALESCE(lease_until,"
+                " last_failed_at), last_error = CASE WHEN lease_until IS NULL THEN last_error ELSE ? END"
                 f" WHERE id IN ({_marks(ids)}) RETURNING id, queue, payload, attempts, run_id, not_before",
-                (now + _us(lease), *ids),
+                (now + _us(lease), LEASE_EXPIRED, *ids),
             ).fetchall()
             gone = [r[0] for r in rows if r[1] in no_ack]
             if gone:
@@ -341,6 +361,83 @@ class SQLiteQueue:
                 (queue, now),
             )
             return int(cur.rowcount)
+
+    # -- dead letters (celery_workflow.dead_letters.DeadLetterStore) -------------------------------------------
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move the claimed row to the dead letters with its history (``error`` becomes its last error when given);
+        None when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        now = self._now()
+        with self._write() as conn:
+            rows = conn.execute(
+                f"INSERT INTO {_DEAD} (message_id, queue, payload, run_id, attempts, reason, last_error,"
+                " first_failed_at, last_failed_at, enqueued_at, dead_at)"
+                " SELECT id, queue, payload, run_id, attempts, ?, COALESCE(?, last_error), first_failed_at,"
+                f" last_failed_at, created_at, ? FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL"
+                f" RETURNING {_DEAD_COLUMNS}",
+                (reason, _error(error), now, row_id, attempts),
+            ).fetchall()
+            if rows:
+                conn.execute(f"DELETE FROM {_Q} WHERE id = ?", (row_id,))
+        letters = dead_letters(rows, _datetime)
+        return letters[0] if letters else None
+
+    @staticmethod
+    def _selection(ids: Sequence[int] | None, queue: str | None, alias: str = "") -> tuple[str, list[Any]]:
+        where: list[str] = ["1 = 1"]
+        params: list[Any] = []
+        if ids is not None:
+            where.append(f"{alias}id IN ({_marks(ids)})")
+            params.extend(int(i) for i in ids)
+        if queue is not None:
+            where.append(f"{alias}queue = ?")
+            params.append(queue)
+        return " AND ".join(where), params
+
+    def list_dead_letters(
+        self, *, queue: str | None = None, run_id: str | None = None, after: int = 0, limit: int = 100
+    ) -> list[DeadLetter]:
+        """Dead letters with ids above ``after``, oldest first (of ``queue`` / ``run_id`` when given)."""
+        where, params = self._selection(None, queue)
+        if run_id is not None:
+            where += " AND run_id = ?"
+            params.append(run_id)
+        rows = self._read(
+            f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE {where} AND id > ? ORDER BY id LIMIT ?",
+            (*params, after, max(limit, 0)),
+        )
+        return dead_letters(rows, _datetime)
+
+    def get_dead_letter(self, letter_id: int) -> DeadLetter:
+        rows = self._read(f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE id = ?", (int(letter_id),))
+        if not rows:
+            raise DeadLetterNotFound(f"no dead letter {letter_id}")
+        return dead_letters(rows, _datetime)[0]
+
+    def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+        """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""
+        if ids is not None and not ids:
+            return 0
+        where, params = self._selection(ids, queue)
+        aliased, _ = self._selection(ids, queue, "d.")
+        now = self._now()
+        with self._write() as conn:
+            moved = conn.execute(
+                f"INSERT INTO {_Q} (queue, payload, run_id, not_before, expires_at, created_at)"
+                f" SELECT d.queue, d.payload, d.run_id, ?, ? + q.message_ttl_ms * 1000, ? FROM {_DEAD} AS d"
+                f" LEFT JOIN {_QUEUES} AS q ON q.name = d.queue WHERE {aliased} ORDER BY d.id",
+                (now, now, now, *params),
+            ).rowcount
+            conn.execute(f"DELETE FROM {_DEAD} WHERE {where}", params)
+        return int(moved)
+
+    def purge_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+        if ids is not None and not ids:
+            return 0
+        where, params = self._selection(ids, queue)
+        with self._write() as conn:
+            return int(conn.execute(f"DELETE FROM {_DEAD} WHERE {where}", params).rowcount)
 
     # -- BrokerStore: queues -------------------------------------------------------------------------------------
 

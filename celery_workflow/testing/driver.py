@@ -62,7 +62,9 @@ class LocalWorker:
             outcome = self.workflows.handle_delivery(claimed.payload, Claim(claimed.receipt, claimed.attempts))
         except Exception as exc:
             self.failures.append((task, exc))
-            self.world.retry_later(claimed.receipt, failure_backoff(claimed.attempts))
+            self.world.retry_later(
+                claimed.receipt, failure_backoff(claimed.attempts), error=f"{type(exc).__name__}: {exc}"
+            )
             return "error"
         self.world.ack(claimed.receipt)
         self.handled.append((task, outcome))

@@ -304,7 +304,7 @@ class MemoryWorld(TemplateWorld):
         """Clear the lease: claimable again at once, keeping its place (due time). A stale receipt is a no-op."""
         self._unlease(receipt, None)
 
-    def retry_later(self, receipt: str, delay: float) -> None:
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
         """Clear the lease and make the delivery due ``delay`` seconds from now. A stale receipt is a no-op."""
         self._unlease(receipt, max(delay, 0.0))
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import socket
 import sys
 import threading
@@ -55,6 +56,8 @@ from kombu.transport import base as _kombu_base
 from kombu.transport import virtual as _virtual
 from kombu.transport.virtual import exchange as _exchange
 
+from celery_workflow import dead_letters
+from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetter
 from celery_workflow.errors import WorldError
 from celery_workflow.transport.store import (
     BACKOFF_CAP,
@@ -89,9 +92,46 @@ _TopicExchange: Any = _exchange.TopicExchange
 _to_rabbitmq_queue_arguments: Any = _kombu_base.to_rabbitmq_queue_arguments
 
 
+#: Celery's event exchange (``event_exchange``), where dead letters are announced.
+EVENT_EXCHANGE = "celeryev"
 MIN_WAIT = 0.001
 #: How often a blocked ``drain_events`` looks whether the Celery worker around it was asked to stop.
 STOP_CHECK = 0.2
+
+
+def _limit(name: str, value: Any) -> int | None:
+    if value is None or value == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"transport option {name} must be a positive integer or None, got {value!r}")
+    return value
+
+
+def announce_dead_letter(channel: StoreChannel, letter: DeadLetter) -> None:
+    """Publish a Celery ``task-rejected`` event for a dead-lettered task on the event exchange, as a worker would:
+    Flower and ``celery events`` show the task as REJECTED. Nothing is sent while nobody listens (an unbound
+    exchange would route it to Kombu's undeliverable queue)."""
+    if not channel.store.bindings(EVENT_EXCHANGE):
+        return
+    now = time.time()
+    event = {
+        "type": "task-rejected",
+        "uuid": letter.task_id,
+        "name": letter.task_name,
+        "requeue": False,
+        "dead_letter": letter.id,
+        "reason": letter.reason,
+        "hostname": f"celery@{socket.gethostname()}",
+        "timestamp": now,
+        "utcoffset": -time.timezone // 3600,
+        "pid": os.getpid(),
+        "clock": 0,
+    }
+    body = dumps(event)
+    message = channel.prepare_message(
+        body, content_type="application/json", content_encoding="utf-8", headers={"hostname": event["hostname"]}
+    )
+    channel.basic_publish(message, exchange=EVENT_EXCHANGE, routing_key="task.rejected")
 
 
 def worker_stopping() -> bool:
@@ -119,6 +159,8 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         self._noack_queues: set[str] = set()
         self._declared: dict[str, dict[str, Any]] = {}  # queue -> declaration, to declare it again after collection
         self._stored_types: dict[str, str] = {}
+        #: ``x-delivery-limit`` of the queues this channel declared.
+        self.delivery_limits: dict[str, int] = {}
 
     @property
     def store(self) -> BrokerStore:
@@ -145,8 +187,12 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         self, queues: Sequence[str], no_ack: Collection[str], limit: int = 1
     ) -> list[tuple[dict[str, Any], str]]:
         """Claim due messages: leased, or deleted for ``no_ack`` queues; return ``(payload, queue)`` pairs."""
-        claims = self.store.receive(queues, no_ack=no_ack, limit=limit, lease=self.connection.lease_seconds)
-        return decode_claims(self.store, claims, no_ack, cap=self.connection.backoff_cap)
+        transport = self.connection
+        claims = self.store.receive(queues, no_ack=no_ack, limit=limit, lease=transport.lease_seconds)
+        return decode_claims(
+            self.store, claims, no_ack, cap=transport.backoff_cap, limit_of=transport.delivery_limit,
+            dead=transport.dead_lettered,
+        )  # fmt: skip
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         got = self._receive([queue], self._noack_queues & {queue})
@@ -179,16 +225,35 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             super().basic_ack(delivery_tag, multiple)
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
-        """requeue: release the lease (due at once); otherwise keep the row and back off (1 s, 2 s … 300 s)."""
+        """requeue: release the lease (due at once); otherwise move the message to the dead letters, as a queue
+        with a dead-letter exchange does (a store without dead letters backs it off: 1 s, 2 s … 300 s).
+
+        A delivery that was already put back (the task recorded its failure with ``retry_later``) is not moved:
+        its receipt is stale by then."""
         held = self._claim(delivery_tag)
         try:
             if held is not None:
                 if requeue:
                     self.store.release(held.receipt)
                 else:
-                    self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
+                    self._reject(held, delivery_tag)
         finally:
             super().basic_reject(delivery_tag, requeue=False)
+
+    def _reject(self, held: Claim, delivery_tag: Any) -> None:
+        mover = getattr(self.store, "dead_letter", None)
+        if mover is None:
+            self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
+            return
+        try:
+            message = self.qos.get(delivery_tag)
+            task, task_id = message.headers.get("task"), message.headers.get("id")
+        except (KeyError, AttributeError):
+            task = task_id = None
+        error = f"rejected by its consumer: task {task} [{task_id}]" if task else "rejected by its consumer"
+        letter = mover(held.receipt, reason=dead_letters.REJECTED, error=error)
+        if letter is not None:
+            self.connection.dead_lettered(letter, channel=self)
 
     def _restore(self, message: Any) -> None:
         """Give an unacked message back by releasing its lease (never by publishing a copy)."""
@@ -274,6 +339,9 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         }
         self.store.declare_queue(queue, **declaration)
         self._declared[queue] = declaration
+        limit = arguments.get("x-delivery-limit")
+        if limit is not None:
+            self.delivery_limits[queue] = int(limit)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return self.store.has_queue(queue)
@@ -413,6 +481,9 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
     heartbeat_interval = 5.0
     gc_interval = 10.0
     consumer_timeout = 60.0
+    #: Deliveries of a message before it is dead-lettered (None or 0: no limit); per queue:
+    #: ``max_deliveries_per_queue`` or the queue's ``x-delivery-limit`` argument.
+    max_deliveries: int | None = DEFAULT_MAX_DELIVERIES
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
@@ -420,6 +491,14 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         for name in ("lease_seconds", "heartbeat_interval", "gc_interval", "consumer_timeout"):
             if options.get(name) is not None:
                 setattr(self, name, float(options[name]))
+        if "max_deliveries" in options:
+            self.max_deliveries = _limit("max_deliveries", options["max_deliveries"])
+        per_queue = options.get("max_deliveries_per_queue") or {}
+        if not isinstance(per_queue, Mapping):
+            raise ValueError("transport option max_deliveries_per_queue must map queue names to limits")
+        self.max_deliveries_per_queue = {
+            str(q): _limit(f"max_deliveries_per_queue[{q!r}]", n) for q, n in per_queue.items()
+        }
         self._store: BrokerStore | None = None
         self._next_heartbeat = self._next_gc = 0.0
         self._keeper: threading.Thread | None = None
@@ -430,6 +509,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         self._dirty = True
         self._due: dict[str, float] = {}
         self._token: Any = None  # the change token taken just before the last poll
+        self._world: Any = None  # see world()
 
     def open_store(self) -> BrokerStore:
         """The store for ``self.client`` (its URL is ``self.client.hostname`` when ``can_parse_url``)."""
@@ -499,10 +579,48 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}.intersection(queues)
         claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
         self._polled, self._last_poll, self._dirty = set(queues), monotonic(), False
-        delivered = decode_claims(self.store, claims, no_ack, cap=self.backoff_cap)
+        delivered = decode_claims(
+            self.store, claims, no_ack, cap=self.backoff_cap, limit_of=self.delivery_limit, dead=self.dead_lettered
+        )
         for payload, queue in delivered:
             self._deliver(payload, queue)
         return bool(delivered)
+
+    def delivery_limit(self, queue: str) -> int | None:
+        """How many deliveries a message of ``queue`` gets before it is dead-lettered (None: no limit): the
+        transport option ``max_deliveries_per_queue``, else the queue's ``x-delivery-limit``, else
+        ``max_deliveries``."""
+        if queue in self.max_deliveries_per_queue:
+            return self.max_deliveries_per_queue[queue]
+        for channel in self.channels:
+            declared = channel.delivery_limits.get(queue)
+            if declared is not None:
+                return declared or None
+        return self.max_deliveries
+
+    def dead_lettered(self, letter: DeadLetter, channel: StoreChannel | None = None) -> None:
+        """A message was moved to the dead letters: log it, announce it as a ``task-rejected`` event (Flower shows
+        the task as REJECTED), and fail its run with the cause (:meth:`world` permitting)."""
+        logger.error("%s (dead letter %s)", letter.describe(), letter.id)
+        if channel is None:
+            channel = next((c for c in self.channels if not c.closed), None)
+        if channel is not None and letter.task_id:
+            self._quietly("announce a dead letter", announce_dead_letter, channel, letter)
+        if letter.run_id:
+            world = self._quietly("open the World of a dead letter", self.world)
+            if world is not None and self._quietly("fail a dead letter's run", dead_letters.fail_run, world, letter):
+                logger.error("run %s failed: its delivery was dead-lettered (dead letter %s)", letter.run_id, letter.id)
+
+    def world(self) -> Any:
+        """The World whose queue this transport carries, to fail runs whose deliveries are dead-lettered: opened
+        on first use by :meth:`open_world` and closed with the connection."""
+        if self._world is None:
+            self._world = self.open_world()
+        return self._world
+
+    def open_world(self) -> Any:
+        """A World on this transport's store, or None (here: a store that carries no World's runs)."""
+        return None
 
     def poll_limit(self) -> int:
         """How many messages one poll may claim: 1 here (a table answers at once, so claiming as room frees up costs
@@ -576,6 +694,9 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
 
     def close_connection(self, connection: Any) -> None:
         self._keeper_stop.set()
+        world, self._world = self._world, None
+        if world is not None:
+            self._quietly("close the World", world.close)
         super().close_connection(connection)
 
     @staticmethod

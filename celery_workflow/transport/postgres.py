@@ -237,6 +237,12 @@ class Transport(StoreTransport):
         if self._store is not None:
             self.pg_queue.poke(self._wake_key)
 
+    def open_world(self) -> Any:
+        """The Postgres World of this schema (it fails runs whose deliveries are dead-lettered), on a small pool."""
+        from celery_workflow._postgres.world import PostgresWorld
+
+        return PostgresWorld.open(self.pg_queue.db.conninfo, concurrency=1, migrate=False)
+
     def driver_version(self) -> str:
         return str(psycopg.__version__)
 

@@ -192,7 +192,8 @@ class RedisStore:
     def release(self, receipt: str) -> None:
         self._settle("release", 0, [receipt])
 
-    def retry_later(self, receipt: str, delay: float) -> None:
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
+        """Due again in ``delay`` seconds (control traffic keeps no failure history: ``error`` is not stored)."""
         self._settle("later", self._now() + _us(max(delay, 0.0)), [receipt])
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:

@@ -109,6 +109,13 @@ class Transport(StoreTransport):
     def open_store(self) -> BrokerStore:
         return shared_queue(*store_location(self.client.hostname, self.client.transport_options))
 
+    def open_world(self) -> Any:
+        """The SQLite World of this file and prefix (it fails runs whose deliveries are dead-lettered)."""
+        from celery_workflow._sqlite.world import SQLiteWorld
+
+        path, prefix = store_location(self.client.hostname, self.client.transport_options)
+        return SQLiteWorld(path, prefix=prefix)
+
     def driver_version(self) -> str:
         return sqlite3.sqlite_version
 

@@ -290,7 +290,8 @@ class SQSBrokerStore:
     def release(self, receipt: str) -> None:
         self.retry_later(receipt, 0.0)
 
-    def retry_later(self, receipt: str, delay: float) -> None:
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
+        """Make the message visible again in ``delay`` seconds (SQS keeps no error: ``error`` is not stored)."""
         if receipt.startswith("ctl|"):
             if delay > 0:
                 self.control.retry_later(receipt[4:], delay)

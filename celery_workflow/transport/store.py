@@ -7,13 +7,15 @@ for it, decide when a message is due, back failed deliveries off, and turn claim
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kombu.utils import json as _json
 
+from celery_workflow import dead_letters
 from celery_workflow._backend.broker import QueuedMessage
+from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.world import Claim, ClaimedDelivery
 
 __all__ = ["BindingRow", "BrokerStore", "backoff", "decode_claims", "dumps", "message_due"]
@@ -65,20 +67,36 @@ def message_due(message: Mapping[str, Any]) -> float | None:
 
 
 def decode_claims(
-    store: BrokerStore, claims: Sequence[ClaimedDelivery], no_ack: Collection[str], *, cap: float = BACKOFF_CAP
+    store: BrokerStore,
+    claims: Sequence[ClaimedDelivery],
+    no_ack: Collection[str],
+    *,
+    cap: float = BACKOFF_CAP,
+    limit_of: Callable[[str], int | None] | None = None,
+    dead: Callable[[DeadLetter], None] | None = None,
 ) -> list[tuple[dict[str, Any], str]]:
     """``(payload, queue)`` of each claimed Kombu message, its ``delivery_info`` carrying the claim's receipt and
-    attempts; an undecodable one is logged and backed off up to ``cap`` seconds (never delivered, never lost)."""
+    attempts.
+
+    A claim beyond its queue's delivery limit (``limit_of(queue)``; None: no limit) and an undecodable one are
+    moved to the dead letters and handed to ``dead`` instead (rows of ``no_ack`` queues are already deleted: an
+    undecodable one is only logged). ``cap`` is kept for stores without dead letters, which back such a claim off up to
+    ``cap`` seconds instead."""
     out = []
     for claim in claims:
+        acked = claim.queue in no_ack
+        limit = None if acked or limit_of is None else limit_of(claim.queue)
+        if limit is not None and claim.attempts > limit:
+            _bury(store, claim, dead_letters.MAX_DELIVERIES, None, dead=dead, cap=cap)
+            continue
         try:
             payload = _loads(claim.payload)
             if not isinstance(payload, dict):
                 raise ValueError("not a Kombu message object")
         except ValueError as exc:
             logger.error("undecodable message %s on %r: %s", claim.receipt, claim.queue, exc)
-            if claim.queue not in no_ack:
-                store.retry_later(claim.receipt, backoff(claim.attempts, cap=cap))
+            if not acked:
+                _bury(store, claim, dead_letters.UNDECODABLE, f"undecodable: {exc}", dead=dead, cap=cap)
             continue
         props = payload.get("properties")
         if not isinstance(props, dict):
@@ -93,6 +111,24 @@ def decode_claims(
         payload["redelivered"] = claim.attempts > 1
         out.append((payload, claim.queue))
     return out
+
+
+def _bury(
+    store: BrokerStore,
+    claim: ClaimedDelivery,
+    reason: str,
+    error: str | None,
+    *,
+    dead: Callable[[DeadLetter], None] | None,
+    cap: float,
+) -> None:
+    mover = getattr(store, "dead_letter", None)
+    if mover is None:  # a store without dead letters: back off, never lose it
+        store.retry_later(claim.receipt, backoff(claim.attempts, cap=cap))
+        return
+    letter = mover(claim.receipt, reason=reason, error=error)
+    if letter is not None and dead is not None:
+        dead(letter)
 
 
 class BindingRow(Protocol):
@@ -126,7 +162,7 @@ class BrokerStore(Protocol):
     ) -> tuple[list[ClaimedDelivery], dict[str, float]]: ...
     def ack(self, receipt: str) -> None: ...
     def release(self, receipt: str) -> None: ...
-    def retry_later(self, receipt: str, delay: float) -> None: ...
+    def retry_later(self, receipt: str, delay: float, *, error: str | None = ...) -> None: ...
     def extend(self, receipts: Sequence[str], lease: float) -> None: ...
     def peek(self, queues: Sequence[str] | None = ...) -> list[QueuedMessage]: ...
     def size(self, queue: str) -> int: ...

@@ -83,7 +83,9 @@ class TransportSuite:
             with pytest.raises(TimeoutError):
                 conn.drain_events(timeout=0.05)  # a running worker's drain still waits for its timeout
 
-    def test_requeue_redelivers_and_reject_backs_off(self, connect: Callable[..., Connection], store: Any) -> None:
+    def test_requeue_redelivers_and_reject_dead_letters(self, connect: Callable[..., Connection], store: Any) -> None:
+        """``reject(requeue=False)`` moves the message to the dead letters, as a queue with a dead-letter exchange
+        does (it used to come back every few minutes forever); a redrive puts it back once, attempts reset."""
         conn = connect()
         queue = Queue("jobs", Exchange("jobs"), routing_key="jobs")
         received: list[Any] = []
@@ -99,16 +101,90 @@ class TransportSuite:
             assert second.delivery_info["redelivered"] is True
             assert second.delivery_tag != received[0][1].delivery_tag
 
-            second.reject()  # no requeue: the row stays and is due again after backoff(2) = 2 s
-            (row,) = store.peek()
-            due_in = row.due - time.time()
-            assert row.leased_until is None
-            assert due_in == pytest.approx(2, abs=0.5)
-            started = time.monotonic()
-            drain(conn, lambda: len(received) == 3, timeout=6)
-            assert time.monotonic() - started >= due_in - 0.1
+            second.reject()
+            assert store.peek() == []
+            (letter,) = store.list_dead_letters()
+            assert (letter.queue, letter.reason, letter.attempts) == ("jobs", "rejected", 2)
+            assert letter.last_error == "rejected by its consumer"
+            assert json.loads(letter.payload)["body"]  # the message as it was stored
+            assert store.get_dead_letter(letter.id) == letter
+
+            assert store.redrive_dead_letters([letter.id]) == 1
+            assert store.redrive_dead_letters([letter.id]) == 0  # idempotent
+            assert store.list_dead_letters() == []
+            drain(conn, lambda: len(received) == 3)
+            assert received[2][0] == {"n": 1}
+            assert received[2][1].delivery_info["cw_attempts"] == 1  # attempts reset
             received[2][1].ack()
         assert store.peek() == []
+
+    def test_a_message_delivered_too_often_is_dead_lettered(
+        self, connect: Callable[..., Connection], store: Any
+    ) -> None:
+        """Every claim counts (a worker that dies holding it, a requeue): past the queue's limit the message moves
+        to the dead letters with its history instead of coming back forever. The limit is the transport option, a
+        per-queue option, or the queue's ``x-delivery-limit``."""
+        conn = connect(max_deliveries=2, max_deliveries_per_queue={"strict": 1})
+        queues = [
+            Queue("jobs", Exchange("jobs"), routing_key="jobs"),
+            Queue("strict", Exchange("strict"), routing_key="strict"),
+            Queue("declared", Exchange("declared"), routing_key="declared", queue_arguments={"x-delivery-limit": 3}),
+        ]
+        received: list[Any] = []
+
+        def requeue(body: Any, message: Any) -> None:
+            received.append(body)
+            message.requeue()
+
+        with Consumer(conn.channel(), queues, callbacks=[requeue], accept=["json"]):
+            producer = Producer(conn.channel())
+            for q in queues:
+                producer.publish({"q": q.name}, exchange=q.name, routing_key=q.name, declare=[q])
+            drain(conn, lambda: len(store.list_dead_letters()) == 3, timeout=10)
+        counts = {name: sum(1 for b in received if b["q"] == name) for name in ("jobs", "strict", "declared")}
+        assert counts == {"jobs": 2, "strict": 1, "declared": 3}
+        letters = {d.queue: d for d in store.list_dead_letters()}
+        assert {q: (d.reason, d.attempts) for q, d in letters.items()} == {
+            "jobs": ("max-deliveries", 3), "strict": ("max-deliveries", 2), "declared": ("max-deliveries", 4),
+        }  # fmt: skip
+        assert store.peek() == []
+        assert store.purge_dead_letters(queue="jobs") == 1
+        assert {d.queue for d in store.list_dead_letters()} == {"strict", "declared"}
+        assert store.purge_dead_letters() == 2
+
+    def test_a_lost_delivery_is_recorded_as_a_failure(self, connect: Callable[..., Connection], store: Any) -> None:
+        """A delivery whose lease runs out unacked (its worker died) is a failure in the message's history."""
+        conn = connect(max_deliveries=1)
+        store.put("lost", b'{"body": "{}", "headers": {}, "properties": {}}')
+        assert len(store.receive(["lost"], lease=0.05)) == 1
+        wait_until(lambda: all(m.leased_until is not None and m.leased_until < time.time() for m in store.peek()))
+        got: list[Any] = []
+        with Consumer(conn.channel(), [Queue("lost")], callbacks=[collector(got)], accept=["json"]):
+            drain(conn, lambda: bool(store.list_dead_letters()))
+        (letter,) = store.list_dead_letters()
+        assert (letter.reason, letter.attempts, got) == ("max-deliveries", 2, [])
+        assert letter.first_failed_at is not None and letter.first_failed_at == letter.last_failed_at
+        assert "lease ran out" in (letter.last_error or "")
+
+    def test_dead_letters_are_announced_as_rejected_task_events(
+        self, connect: Callable[..., Connection], store: Any
+    ) -> None:
+        """Flower (an event receiver bound to ``celeryev``) sees a dead-lettered task as a ``task-rejected`` event."""
+        conn = connect(max_deliveries=1)
+        events = Queue("flower-events", Exchange("celeryev", type="topic"), routing_key="#", auto_delete=True)
+        seen: list[Any] = []
+        with Consumer(conn.channel(), [events], callbacks=[collector(seen)], accept=["json"], no_ack=True):
+            task = {"body": "[]", "headers": {"task": "tasks.unknown", "id": "t-1"}, "properties": {}}
+            store.put("work", json.dumps(task).encode())
+            store.receive(["work"], lease=60)  # a first delivery that never ends
+            store.release(f"{store.peek()[0].id}.1")
+            with Consumer(conn.channel(), [Queue("work")], callbacks=[collector([])], accept=["json"]):
+                drain(conn, lambda: bool(seen), timeout=10)
+        body = seen[0][0]
+        assert (body["type"], body["uuid"], body["name"], body["requeue"]) == (
+            "task-rejected", "t-1", "tasks.unknown", False,
+        )  # fmt: skip
+        assert body["dead_letter"] == store.list_dead_letters()[0].id
 
     def test_eta_and_not_before_delay_delivery(self, connect: Callable[..., Connection], store: Any) -> None:
         conn = connect()
@@ -338,9 +414,12 @@ class TransportSuite:
         got: list[Any] = []
         with Consumer(conn.channel(), [Queue("celery")], callbacks=[collector(got)], accept=["json"]):
             drain(conn, lambda: bool(got))
-            drain(conn, lambda: [m.attempts for m in store.peek()] == [1])
+            drain(conn, lambda: bool(store.list_dead_letters()))
         body, message = got[0]
         assert body == {"hello": "world"}
         assert message.delivery_info["routing_key"] == "celery"
-        # the undecodable row is kept and backed off, not lost and not spinning
-        assert [(m.attempts, m.leased_until) for m in store.peek()] == [(1, None)]
+        # the undecodable row is moved to the dead letters: not lost, not spinning
+        assert store.peek() == []
+        (letter,) = store.list_dead_letters()
+        assert (letter.reason, letter.payload, letter.attempts) == ("undecodable", b"not json", 1)
+        assert (letter.last_error or "").startswith("undecodable: ")

@@ -1,0 +1,195 @@
+"""Dead letters: messages no consumer could process, kept with their history instead of retried forever or lost.
+
+A message moves from its queue to the dead letters of the same database (SQLite, Postgres; on SQS, its queue's
+dead-letter queue) when
+
+* a claim would deliver it more often than its queue allows (``max-deliveries``): the transport option
+  ``max_deliveries`` (:data:`DEFAULT_MAX_DELIVERIES`, SQS's default ``maxReceiveCount``), ``max_deliveries_per_queue``
+  (queue name -> limit), or the ``x-delivery-limit`` argument of a queue declaration (RabbitMQ's quorum queues);
+  every claim counts, so a message whose worker dies each time (its lease runs out unacked) moves too;
+* a consumer rejects it without requeue (``rejected``): Kombu's ``message.reject(requeue=False)``, which is what
+  Celery does with an unregistered task name, a content type the worker does not accept, or a failed ``acks_late``
+  task; as on a RabbitMQ queue with a dead-letter exchange, it is moved, not retried;
+* its stored row cannot be decoded as a Kombu message (``undecodable``).
+
+A dead letter keeps the message body and queue, how often it was delivered, why it moved, when its first and last
+failed delivery were and the last error recorded. A run one of whose deliveries is dead-lettered is failed with
+:class:`~celery_workflow.errors.DeadLettered` as its cause (``runs show`` prints it): without its delivery it cannot
+go on. ``celery-workflow dead-letters list | show ID | redrive [--queue Q] [ID…] | purge`` looks at them and puts them
+back (a redrive inserts the message again with its attempts reset and deletes the dead letter, so it happens at
+most once per dead letter).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from celery_workflow import codec
+from celery_workflow.errors import ConfigurationError, DeadLettered, NotFound, RunTerminal
+from celery_workflow.events import EventType, NewEvent
+
+__all__ = [
+    "DEFAULT_MAX_DELIVERIES",
+    "REASONS",
+    "DeadLetter",
+    "DeadLetterStore",
+    "dead_letter_store",
+    "fail_run",
+    "message_task",
+]
+
+#: Deliveries a message gets before it is dead-lettered, unless its queue says otherwise (SQS's maxReceiveCount).
+DEFAULT_MAX_DELIVERIES = 10
+MAX_DELIVERIES = "max-deliveries"
+REJECTED = "rejected"
+UNDECODABLE = "undecodable"
+REASONS = (MAX_DELIVERIES, REJECTED, UNDECODABLE)
+#: What a claim records as the failure of a delivery whose lease ran out without an ack.
+LEASE_EXPIRED = "the delivery's lease ran out without an ack (its worker died or stalled)"
+#: The longest error text kept per message (bytes of UTF-8; cut with a marker).
+MAX_ERROR = 8192
+
+
+def message_task(payload: bytes) -> tuple[str | None, str | None]:
+    """``(task name, task id)`` of a stored Kombu message carrying a Celery task (protocol 2 headers), else Nones."""
+    try:
+        message = json.loads(payload)
+        headers = message.get("headers") or {}
+        name, task_id = headers.get("task"), headers.get("id")
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return None, None
+    return (name if isinstance(name, str) else None), (task_id if isinstance(task_id, str) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A dead-lettered message. ``message_id`` is its id while it was queued; ``attempts`` its claims (see
+    :attr:`deliveries`); times are UTC."""
+
+    id: int
+    message_id: int
+    queue: str
+    run_id: str | None
+    attempts: int
+    reason: str
+    last_error: str | None
+    first_failed_at: datetime | None
+    last_failed_at: datetime | None
+    enqueued_at: datetime
+    dead_at: datetime
+    payload: bytes
+
+    @property
+    def deliveries(self) -> int:
+        """How often the message was handed to a consumer (``attempts`` counts claims, and the claim that moved
+        it past its limit, or found it undecodable, delivered nothing)."""
+        return self.attempts if self.reason == REJECTED else max(self.attempts - 1, 0)
+
+    @property
+    def task_name(self) -> str | None:
+        return message_task(self.payload)[0]
+
+    @property
+    def task_id(self) -> str | None:
+        return message_task(self.payload)[1]
+
+    def describe(self) -> str:
+        """One line: what moved, from where, why."""
+        what = f"task {self.task_name} [{self.task_id}]" if self.task_name else f"message {self.message_id}"
+        why = {
+            MAX_DELIVERIES: f"delivered {self.deliveries} times without success",
+            REJECTED: "rejected by its consumer without requeue",
+            UNDECODABLE: "its stored row cannot be decoded",
+        }.get(self.reason, self.reason)
+        text = f"{what} on queue {self.queue!r} was dead-lettered ({why})"
+        return text + (f"; last error: {self.last_error}" if self.last_error else "")
+
+    def to_json(self, *, body: bool = False) -> dict[str, Any]:
+        """A JSON-able description (``--json`` output); ``body``: include the stored message as text."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "message_id": self.message_id,
+            "queue": self.queue,
+            "task": self.task_name,
+            "task_id": self.task_id,
+            "run_id": self.run_id,
+            "attempts": self.attempts,
+            "deliveries": self.deliveries,
+            "reason": self.reason,
+            "last_error": self.last_error,
+            "first_failed_at": None if self.first_failed_at is None else self.first_failed_at.isoformat(),
+            "last_failed_at": None if self.last_failed_at is None else self.last_failed_at.isoformat(),
+            "enqueued_at": self.enqueued_at.isoformat(),
+            "dead_at": self.dead_at.isoformat(),
+        }
+        if body:
+            out["message"] = self.payload.decode("utf-8", "replace")
+        return out
+
+
+@runtime_checkable
+class DeadLetterStore(Protocol):
+    """The dead letters of a queue store (``SQLiteQueue``, ``PostgresQueue``)."""
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move the claimed message to the dead letters; None when the receipt is stale (nothing moved)."""
+        ...
+
+    def list_dead_letters(
+        self, *, queue: str | None = None, run_id: str | None = None, after: int = 0, limit: int = 100
+    ) -> list[DeadLetter]:
+        """Dead letters with ids above ``after``, oldest first."""
+        ...
+
+    def get_dead_letter(self, letter_id: int) -> DeadLetter:
+        """One dead letter; DeadLetterNotFound if there is none with that id."""
+        ...
+
+    def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+        """Put dead letters back on their queues (due now, attempts reset) and delete them; the number moved.
+        ``ids`` and ``queue`` narrow the selection (neither: all). Redriving one twice moves it once."""
+        ...
+
+    def purge_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+        """Delete dead letters (as :meth:`redrive_dead_letters` selects them); the number deleted."""
+        ...
+
+
+def dead_letter_store(world: Any) -> DeadLetterStore:
+    """The dead letters of a World whose queue lives in its database (SQLite, Postgres); ConfigurationError
+    otherwise (on AWS they are in each queue's SQS dead-letter queue)."""
+    store = getattr(world, "store", None)
+    if isinstance(store, DeadLetterStore):
+        return store
+    raise ConfigurationError(
+        f"{type(world).__name__} keeps no dead letters of its own"
+        " (on the AWS World they are in each queue's SQS dead-letter queue)"
+    )
+
+
+def cause(letter: DeadLetter) -> dict[str, Any]:
+    """The recorded error of a run failed because of ``letter``."""
+    kind = DeadLettered
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": codec.cut(letter.describe(), codec.MAX_ERROR_MESSAGE),
+        "dead_letter": letter.id,
+        "reason": letter.reason,
+        "queue": letter.queue,
+    }
+
+
+def fail_run(world: Any, letter: DeadLetter) -> bool:
+    """Fail the run of a dead-lettered delivery with :class:`DeadLettered` as its cause; False when the letter has
+    no run, or the run has ended or is gone."""
+    if not letter.run_id:
+        return False
+    try:
+        world.append(letter.run_id, [NewEvent(EventType.RUN_FAILED, None, {"error": cause(letter)})])
+    except (RunTerminal, NotFound):
+        return False
+    return True

@@ -1,0 +1,33 @@
+-- Dead letters: messages no consumer could process, kept with their history instead of retried forever or lost.
+-- A message moves here when a claim would exceed its queue's maximum number of deliveries (the transport option
+-- ``max_deliveries``, 10 by default, or the queue's ``x-delivery-limit`` argument), when a consumer rejects it
+-- without requeue (Kombu's ``reject(requeue=False)``), or when its row cannot be decoded.
+
+-- The failure history of a message still queued: set when a delivery fails (its lease ran out unacked, or it was
+-- put back with a delay and an error), copied into its dead letter.
+ALTER TABLE celery_workflow_queue
+    ADD COLUMN first_failed_at timestamptz,
+    ADD COLUMN last_failed_at  timestamptz,
+    ADD COLUMN last_error      text;
+
+-- One row per dead-lettered message: its body and queue as they were, how often it was delivered, why it moved and
+-- its failures. ``message_id`` is the id it had in celery_workflow_queue; a redrive inserts it there again (a new
+-- id, attempts from zero) and deletes this row, so a dead letter is redriven at most once.
+CREATE TABLE celery_workflow_dead_letters (
+    id              bigserial   PRIMARY KEY,
+    message_id      bigint      NOT NULL,
+    queue           text        NOT NULL,
+    payload         bytea       NOT NULL,
+    run_id          text,
+    attempts        integer     NOT NULL,
+    reason          text        NOT NULL,
+    last_error      text,
+    first_failed_at timestamptz,
+    last_failed_at  timestamptz,
+    enqueued_at     timestamptz NOT NULL,
+    dead_at         timestamptz NOT NULL
+);
+
+CREATE INDEX celery_workflow_dead_letters_queue ON celery_workflow_dead_letters (queue, id);
+
+CREATE INDEX celery_workflow_dead_letters_run ON celery_workflow_dead_letters (run_id) WHERE run_id IS NOT NULL;

@@ -1,0 +1,123 @@
+"""Dead letters on the SQLite and Postgres Worlds: a delivery that keeps failing stops being retried after its
+queue's limit, moves to the dead letters with its history, fails its run with the cause, and the CLI lists, shows,
+redrives (once) and purges it. (The Kombu side, reject and x-delivery-limit, is in ``transport_suite``.)"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_workflow import Workflows
+from celery_workflow.cli import main
+from celery_workflow.dead_letters import dead_letter_store
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.testing import LocalWorker, driver
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'dead.sqlite3'}"
+        return
+    from tests.integration import pg_fixtures
+
+    with pg_fixtures.fresh_schema("cw_dead") as schema:
+        yield pg_fixtures.schema_url(schema)
+
+
+@pytest.fixture
+def wf(url: str) -> Iterator[Workflows]:
+    workflows = Workflows(Celery("dead"), world=url, configure_broker=False)
+    yield workflows
+    workflows.close()
+
+
+def cli(url: str, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(["--world", url, *args], out=out)
+    return code, out.getvalue()
+
+
+def test_a_delivery_failing_past_its_limit_is_dead_lettered_and_fails_its_run(
+    wf: Workflows, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    @wf.step
+    def charge(amount: int) -> int:
+        return amount
+
+    @wf.workflow
+    def payment(amount: int) -> int:
+        return charge(amount)
+
+    def on_fire(*args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("the World is on fire")
+
+    monkeypatch.setattr(driver, "failure_backoff", lambda attempts: 0.01)
+    worker = LocalWorker(wf)
+    wf.world.max_deliveries = 3  # type: ignore[attr-defined]
+    monkeypatch.setattr(wf.runtime, "handle_workflow", on_fire)
+    run = payment.start(5)
+    worker.run_until(lambda: run.status.terminal, timeout=30)
+
+    assert run.status == "failed"
+    assert len(worker.failures) == 3  # three deliveries, then no more
+    error = run.view().error or {}
+    assert error["type"] == "celery_workflow.errors.DeadLettered"
+    assert "delivered 3 times" in error["message"] and "RuntimeError: the World is on fire" in error["message"]
+    (letter,) = dead_letter_store(wf.world).list_dead_letters()
+    assert (letter.task_name, letter.run_id, letter.reason, letter.attempts) == (
+        "workflow.payment", run.id, "max-deliveries", 4,
+    )  # fmt: skip
+    assert letter.last_error == "RuntimeError: the World is on fire"
+    assert letter.first_failed_at is not None and letter.last_failed_at is not None
+    assert letter.first_failed_at <= letter.last_failed_at <= letter.dead_at
+    assert error["dead_letter"] == letter.id
+
+    code, out = cli(url, "runs", "show", run.id)
+    assert code == 0 and "celery_workflow.errors.DeadLettered" in out
+
+    code, out = cli(url, "dead-letters", "list")
+    assert code == 0 and "workflow.payment" in out and run.id in out and "max-deliveries" in out
+    code, out = cli(url, "dead-letters", "list", "--json")
+    assert [d["id"] for d in json.loads(out)] == [letter.id]
+    code, out = cli(url, "dead-letters", "show", str(letter.id), "--json")
+    shown = json.loads(out)
+    assert shown["last_error"] == letter.last_error and json.loads(shown["message"])["headers"]["task"] == "workflow.payment"
+    code, out = cli(url, "dead-letters", "show", str(letter.id))
+    assert code == 0 and "the World is on fire" in out
+
+    code, out = cli(url, "dead-letters", "redrive")  # nothing selected: refused, nothing moved
+    assert code == 2
+    assert cli(url, "dead-letters", "redrive", str(letter.id)) == (0, "redrove 1 dead letter\n")
+    assert cli(url, "dead-letters", "redrive", str(letter.id)) == (0, "redrove 0 dead letters\n")  # idempotent
+    code, out = cli(url, "dead-letters", "show", str(letter.id))
+    assert code == 2
+    # the redriven delivery finds its run ended: it is dropped, not dead-lettered again
+    monkeypatch.undo()
+    worker.run_until_idle()
+    assert dead_letter_store(wf.world).list_dead_letters() == []
+
+
+def test_purge_takes_a_selection(wf: Workflows, url: str) -> None:
+    store = dead_letter_store(wf.world)
+    for queue in ("a", "a", "b"):
+        store.put(queue, b"not a message")  # type: ignore[attr-defined]
+        (claim,) = store.receive([queue])  # type: ignore[attr-defined]
+        assert store.dead_letter(claim.receipt, reason="undecodable", error="undecodable: junk") is not None
+    assert [d.queue for d in store.list_dead_letters()] == ["a", "a", "b"]
+    assert cli(url, "dead-letters", "list", "--queue", "b")[1].count("undecodable") == 1
+    assert cli(url, "dead-letters", "purge")[0] == 2
+    assert cli(url, "dead-letters", "purge", "--queue", "a", "--all") == (0, "purged 2 dead letters\n")
+    assert cli(url, "dead-letters", "purge", "--all") == (0, "purged 1 dead letter\n")
+    assert cli(url, "dead-letters", "list") == (0, "no dead letters\n")
+
+
+def test_a_world_without_dead_letters_says_so() -> None:
+    with pytest.raises(ConfigurationError, match="keeps no dead letters"):
+        dead_letter_store(object())
