@@ -40,6 +40,8 @@ __all__ = [
     "dead_letter_store",
     "fail_run",
     "message_task",
+    "settle",
+    "sweep",
 ]
 
 #: Deliveries a message gets before it is dead-lettered, unless its queue says otherwise (SQS's maxReceiveCount).
@@ -149,6 +151,14 @@ class DeadLetterStore(Protocol):
         """One dead letter; DeadLetterNotFound if there is none with that id."""
         ...
 
+    def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters whose run has not been failed because of them yet (see :func:`settle`), oldest first."""
+        ...
+
+    def settle_dead_letters(self, ids: Sequence[int]) -> None:
+        """Record that the runs of these dead letters have been dealt with."""
+        ...
+
     def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
         """Put dead letters back on their queues (due now, attempts reset) and delete them; the number moved.
         ``ids`` and ``queue`` narrow the selection (neither: all). Redriving one twice moves it once."""
@@ -193,3 +203,18 @@ def fail_run(world: Any, letter: DeadLetter) -> bool:
     except (RunTerminal, NotFound):
         return False
     return True
+
+
+def settle(world: Any, store: DeadLetterStore, letters: Sequence[DeadLetter]) -> list[str]:
+    """Fail the runs of ``letters`` (:func:`fail_run`) and record them as settled; the ids of the runs failed now.
+
+    Called right after a move, and by :func:`sweep`: the move and the run's failure are two transactions, and a
+    process that dies between them leaves the dead letter unsettled for the next sweep."""
+    failed = [letter.run_id for letter in letters if letter.run_id and fail_run(world, letter)]
+    store.settle_dead_letters([letter.id for letter in letters])
+    return [run_id for run_id in failed if run_id]
+
+
+def sweep(world: Any, store: DeadLetterStore, *, limit: int = 100) -> list[str]:
+    """Settle the dead letters whose runs were not failed yet (up to ``limit``); the ids of the runs failed now."""
+    return settle(world, store, store.unsettled_dead_letters(limit=limit))

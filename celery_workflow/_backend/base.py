@@ -18,7 +18,7 @@ from celery_workflow import dead_letters
 from celery_workflow._backend import template
 from celery_workflow._backend.checks import check_deliveries
 from celery_workflow._backend.template import AppendRequest, AppendSteps
-from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetter
+from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetterStore
 from celery_workflow.events import NewEvent
 from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, StreamPage
 
@@ -50,8 +50,8 @@ class TemplateWorld:
         return template.append(self._steps, request)
 
 
-class QueueStore(Protocol):
-    """The queue part of a store (``SQLiteQueue``, ``PostgresQueue``)."""
+class QueueStore(DeadLetterStore, Protocol):
+    """The queue part of a store (``SQLiteQueue``, ``PostgresQueue``), with its dead letters."""
 
     def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]: ...
     def claim(self, queues: Sequence[str], *, limit: int = ..., lease: float = ...) -> list[ClaimedDelivery]: ...
@@ -59,7 +59,6 @@ class QueueStore(Protocol):
     def release(self, receipt: str) -> None: ...
     def retry_later(self, receipt: str, delay: float, *, error: str | None = ...) -> None: ...
     def extend(self, receipts: Sequence[str], lease: float) -> None: ...
-    def dead_letter(self, receipt: str, *, reason: str, error: str | None = ...) -> DeadLetter | None: ...
 
 
 class StoreQueue:
@@ -89,7 +88,7 @@ class StoreQueue:
             letter = self.store.dead_letter(claim.receipt, reason=dead_letters.MAX_DELIVERIES)
             if letter is not None:
                 log.error("%s (dead letter %s)", letter.describe(), letter.id)
-                dead_letters.fail_run(self, letter)
+                dead_letters.settle(self, self.store, [letter])
         return kept
 
     def ack(self, receipt: str) -> None:

@@ -77,10 +77,17 @@ def queue_tables(*, ttl_columns: tuple[str, str], idempotency_indexes: Sequence[
         DEAD_LETTERS: Table(
             columns(
                 "id message_id queue payload run_id attempts reason last_error first_failed_at last_failed_at"
-                " enqueued_at dead_at"
+                " enqueued_at dead_at run_settled_at"
             ),
             ("id",),
-            {"celery_workflow_dead_letters_queue": False, "celery_workflow_dead_letters_run": False},
+            dict.fromkeys(
+                (
+                    "celery_workflow_dead_letters_queue",
+                    "celery_workflow_dead_letters_run",
+                    "celery_workflow_dead_letters_unsettled",
+                ),
+                False,
+            ),
         ),
     }
 

@@ -300,6 +300,25 @@ class PostgresQueue:
             raise DeadLetterNotFound(f"no dead letter {letter_id}")
         return dead_letters(rows, _utc)[0]
 
+    def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters whose run has not been failed because of them yet, oldest first."""
+        rows = self._rows(
+            "unsettled dead letters",
+            f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE run_settled_at IS NULL ORDER BY id LIMIT %(limit)s",
+            limit=max(limit, 0),
+        )
+        return dead_letters(rows, _utc)
+
+    def settle_dead_letters(self, ids: Sequence[int]) -> None:
+        """Record that the runs of these dead letters have been dealt with."""
+        if ids:
+            self._rowcount(
+                "settle dead letters",
+                f"UPDATE {stmt.DEAD} SET run_settled_at = {stmt.NOW}"
+                " WHERE id = ANY(%(ids)s::bigint[]) AND run_settled_at IS NULL",
+                ids=[int(i) for i in ids],
+            )
+
     def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
         """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""
         if ids is not None and not ids:

@@ -156,9 +156,9 @@ WITH gone AS (
     RETURNING id, queue, payload, run_id, attempts, first_failed_at, last_failed_at, last_error, created_at
 )
 INSERT INTO {DEAD} (message_id, queue, payload, run_id, attempts, reason, last_error, first_failed_at,
-                    last_failed_at, enqueued_at, dead_at)
+                    last_failed_at, enqueued_at, dead_at, run_settled_at)
 SELECT id, queue, payload, run_id, attempts, %(reason)s, COALESCE(%(error)s, last_error), first_failed_at,
-       last_failed_at, created_at, {NOW}
+       last_failed_at, created_at, {NOW}, CASE WHEN run_id IS NULL THEN {NOW} END
 FROM gone
 RETURNING {DEAD_COLUMNS}
 """

@@ -372,11 +372,11 @@ class SQLiteQueue:
         with self._write() as conn:
             rows = conn.execute(
                 f"INSERT INTO {_DEAD} (message_id, queue, payload, run_id, attempts, reason, last_error,"
-                " first_failed_at, last_failed_at, enqueued_at, dead_at)"
+                " first_failed_at, last_failed_at, enqueued_at, dead_at, run_settled_at)"
                 " SELECT id, queue, payload, run_id, attempts, ?, COALESCE(?, last_error), first_failed_at,"
-                f" last_failed_at, created_at, ? FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL"
-                f" RETURNING {_DEAD_COLUMNS}",
-                (reason, _error(error), now, row_id, attempts),
+                " last_failed_at, created_at, ?, CASE WHEN run_id IS NULL THEN ? END"
+                f" FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL RETURNING {_DEAD_COLUMNS}",
+                (reason, _error(error), now, now, row_id, attempts),
             ).fetchall()
             if rows:
                 conn.execute(f"DELETE FROM {_Q} WHERE id = ?", (row_id,))
@@ -414,6 +414,23 @@ class SQLiteQueue:
         if not rows:
             raise DeadLetterNotFound(f"no dead letter {letter_id}")
         return dead_letters(rows, _datetime)[0]
+
+    def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters whose run has not been failed because of them yet, oldest first."""
+        rows = self._read(
+            f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE run_settled_at IS NULL ORDER BY id LIMIT ?", (max(limit, 0),)
+        )
+        return dead_letters(rows, _datetime)
+
+    def settle_dead_letters(self, ids: Sequence[int]) -> None:
+        """Record that the runs of these dead letters have been dealt with."""
+        if not ids:
+            return
+        with self._write() as conn:
+            conn.execute(
+                f"UPDATE {_DEAD} SET run_settled_at = ? WHERE id IN ({_marks(ids)}) AND run_settled_at IS NULL",
+                (self._now(), *ids),
+            )
 
     def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
         """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""

@@ -607,9 +607,24 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         if channel is not None and letter.task_id:
             self._quietly("announce a dead letter", announce_dead_letter, channel, letter)
         if letter.run_id:
-            world = self._quietly("open the World of a dead letter", self.world)
-            if world is not None and self._quietly("fail a dead letter's run", dead_letters.fail_run, world, letter):
-                logger.error("run %s failed: its delivery was dead-lettered (dead letter %s)", letter.run_id, letter.id)
+            self._settle([letter])
+
+    def _settle(self, letters: Sequence[DeadLetter] | None = None) -> None:
+        """Fail the runs of ``letters`` (None: of the dead letters nobody settled yet, e.g. because the process that
+        moved them died before failing their runs) and record them as settled."""
+        store = self.store
+        if not isinstance(store, dead_letters.DeadLetterStore):
+            return
+        if letters is None:
+            letters = self._quietly("look for unsettled dead letters", store.unsettled_dead_letters)
+            if not letters:
+                return
+        world = self._quietly("open the World of a dead letter", self.world)
+        if world is None:
+            return
+        failed = self._quietly("fail the runs of dead letters", dead_letters.settle, world, store, letters)
+        for run_id in failed or ():
+            logger.error("run %s failed: a delivery of it was dead-lettered", run_id)
 
     def world(self) -> Any:
         """The World whose queue this transport carries, to fail runs whose deliveries are dead-lettered: opened
@@ -673,6 +688,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             collected = self._quietly("collect garbage", self.store.gc, consumer_timeout=self.consumer_timeout)
             if collected and any(collected.values()):
                 logger.debug("collected %s", collected)
+            self._settle()
 
     def _start_keeper(self) -> None:
         if self._keeper is None or not self._keeper.is_alive():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,10 @@ def test_a_delivery_failing_past_its_limit_is_dead_lettered_and_fails_its_run(
     assert [d["id"] for d in json.loads(out)] == [letter.id]
     code, out = cli(url, "dead-letters", "show", str(letter.id), "--json")
     shown = json.loads(out)
-    assert shown["last_error"] == letter.last_error and json.loads(shown["message"])["headers"]["task"] == "workflow.payment"
+    assert (
+        shown["last_error"] == letter.last_error
+        and json.loads(shown["message"])["headers"]["task"] == "workflow.payment"
+    )
     code, out = cli(url, "dead-letters", "show", str(letter.id))
     assert code == 0 and "the World is on fire" in out
 
@@ -121,3 +125,35 @@ def test_purge_takes_a_selection(wf: Workflows, url: str) -> None:
 def test_a_world_without_dead_letters_says_so() -> None:
     with pytest.raises(ConfigurationError, match="keeps no dead letters"):
         dead_letter_store(object())
+
+
+def test_a_dead_letter_whose_run_was_not_failed_is_swept_by_a_consumer(wf: Workflows) -> None:
+    """The move and the run's failure are two transactions: a dead letter left unsettled by a process that died
+    between them is settled by the next consumer's maintenance (its run failed with the cause)."""
+    from kombu import Connection, Consumer, Queue
+
+    @wf.workflow
+    def stranded() -> None:
+        return None
+
+    run = stranded.start()
+    store = dead_letter_store(wf.world)
+    (claim,) = store.receive(["celery"])  # type: ignore[attr-defined]
+    letter = store.dead_letter(claim.receipt, reason="max-deliveries")  # ... and the process died here
+    assert letter is not None and run.status == "pending"
+    assert [d.id for d in store.unsettled_dead_letters()] == [letter.id]
+
+    spec = wf.world.broker()
+    with (
+        Connection(spec.url, transport=spec.transport, transport_options={**spec.options, "gc_interval": 0.05}) as conn,
+        Consumer(conn.channel(), [Queue("elsewhere")], callbacks=[], accept=["json"]),
+    ):
+        deadline = time.monotonic() + 10
+        while run.status != "failed" and time.monotonic() < deadline:
+            try:
+                conn.drain_events(timeout=0.1)
+            except TimeoutError:
+                pass
+    assert run.status == "failed"
+    assert (run.view().error or {})["dead_letter"] == letter.id
+    assert store.unsettled_dead_letters() == []

@@ -12,7 +12,9 @@ ALTER TABLE celery_workflow_queue
 
 -- One row per dead-lettered message: its body and queue as they were, how often it was delivered, why it moved and
 -- its failures. ``message_id`` is the id it had in celery_workflow_queue; a redrive inserts it there again (a new
--- id, attempts from zero) and deletes this row, so a dead letter is redriven at most once.
+-- id, attempts from zero) and deletes this row, so a dead letter is redriven at most once. ``run_settled_at`` is set
+-- once the run of the message (if any) has been failed because of it: consumers sweep the unsettled ones, so a
+-- process that died between the move and the run's failure leaves no run waiting forever.
 CREATE TABLE celery_workflow_dead_letters (
     id              bigserial   PRIMARY KEY,
     message_id      bigint      NOT NULL,
@@ -25,9 +27,12 @@ CREATE TABLE celery_workflow_dead_letters (
     first_failed_at timestamptz,
     last_failed_at  timestamptz,
     enqueued_at     timestamptz NOT NULL,
-    dead_at         timestamptz NOT NULL
+    dead_at         timestamptz NOT NULL,
+    run_settled_at  timestamptz
 );
 
 CREATE INDEX celery_workflow_dead_letters_queue ON celery_workflow_dead_letters (queue, id);
 
 CREATE INDEX celery_workflow_dead_letters_run ON celery_workflow_dead_letters (run_id) WHERE run_id IS NOT NULL;
+
+CREATE INDEX celery_workflow_dead_letters_unsettled ON celery_workflow_dead_letters (id) WHERE run_settled_at IS NULL;
