@@ -14,6 +14,13 @@ Everything is checked when the config is built, before any AWS call, and a mista
 ``WORKFLOW_QUEUE_ARN``, ``WORKFLOW_SCHEDULER_GROUP``, ``WORKFLOW_SCHEDULER_ROLE_ARN``, and ``WORKFLOW_BASE_URL``,
 ``WORKFLOW_CONTROL_URL``. boto3 clients built there take no arguments, so ``AWS_ENDPOINT_URL``, the region and the
 credentials come from the environment as boto3 reads them: the same code runs against AWS and an emulator.
+
+Time bounds: a boto3 client built without a ``config`` uses botocore's defaults, 60 s to connect, 60 s per read and
+(legacy retry mode) up to 5 attempts, 10 for DynamoDB, so an unreachable endpoint can hold one call for many minutes
+before the World raises :class:`~celery_workflow.errors.WorldUnavailable`. :func:`client_config` is a botocore
+``Config`` under which a call gives up within about a given time (10 s by default); :meth:`AWSConfig.from_env` builds
+the Scheduler client with it. Pass it to the clients you give the World (``boto3.client("dynamodb",
+config=client_config())``); an SQS client whose ``receive_message`` long-polls needs ``long_poll=20`` on top.
 """
 
 from __future__ import annotations
@@ -28,10 +35,37 @@ from typing import Any
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.world import DEFAULT_QUEUE
 
-__all__ = ["MAX_SQS_DELAY", "AWSConfig", "QueueConfig", "SchedulerConfig"]
+__all__ = ["MAX_SQS_DELAY", "AWSConfig", "QueueConfig", "SchedulerConfig", "client_config"]
 
 #: The longest per-message delay SQS takes (DelaySeconds); later deliveries go through the Scheduler.
 MAX_SQS_DELAY = timedelta(minutes=15)
+
+#: Attempts per call under :func:`client_config` (botocore's "standard" retry mode: throttling and transient errors).
+CLIENT_ATTEMPTS = 2
+
+
+def client_config(unavailable_timeout: float = 10.0, *, long_poll: float = 0.0) -> Any:
+    """A ``botocore.config.Config`` under which one call of a boto3 client gives up within about
+    ``unavailable_timeout`` seconds when the endpoint is unreachable or does not answer (the World then raises
+    :class:`~celery_workflow.errors.WorldUnavailable`).
+
+    :data:`CLIENT_ATTEMPTS` attempts in the "standard" retry mode share the bound, less a tenth (at most 1 s) set
+    aside for the backoff between them. Within an attempt botocore may wait for a read twice (it opens a second
+    connection after a read timeout: measured with botocore 1.43), so the read timeout is half of what the attempt has
+    left after a third of it for connecting. botocore has no deadline for a whole call: the bound is approximate.
+    ``long_poll``: seconds added to the read timeout for a client whose calls wait on purpose (SQS
+    ``receive_message`` with ``WaitTimeSeconds``)."""
+    if not unavailable_timeout > 0 or not long_poll >= 0:
+        raise ConfigurationError("client_config: unavailable_timeout must be positive and long_poll not negative")
+    from botocore.config import Config
+
+    per_attempt = (unavailable_timeout - min(1.0, unavailable_timeout / 10)) / CLIENT_ATTEMPTS
+    connect = per_attempt / 3
+    return Config(
+        connect_timeout=connect,
+        read_timeout=(per_attempt - connect) / 2 + long_poll,
+        retries={"mode": "standard", "max_attempts": CLIENT_ATTEMPTS},
+    )
 
 
 @dataclass(frozen=True)
@@ -151,7 +185,8 @@ class AWSConfig:
         """The config the Terraform module's ``environment`` output describes (see the module docstring).
 
         A Scheduler is configured when ``WORKFLOW_SCHEDULER_ROLE_ARN`` is set; its client is ``scheduler_client``,
-        else ``boto3.client("scheduler")``. ``overrides`` replace fields (e.g. ``retention``)."""
+        else ``boto3.client("scheduler", config=client_config())``. ``overrides`` replace fields (e.g.
+        ``retention``)."""
         env = os.environ if environ is None else environ
 
         def need(name: str) -> str:
@@ -177,7 +212,7 @@ class AWSConfig:
             if scheduler_client is None:
                 import boto3
 
-                scheduler_client = boto3.client("scheduler")
+                scheduler_client = boto3.client("scheduler", config=client_config())
             scheduler = SchedulerConfig(
                 scheduler_client, need("WORKFLOW_QUEUE_ARN"), role, env.get("WORKFLOW_SCHEDULER_GROUP") or "default"
             )

@@ -27,6 +27,15 @@ class PostgresConfig:
     * ``routes``: workflow name -> queue of its deliveries (others go to the default queue).
     * ``retention`` / ``retentions``: how long ended runs are kept, by default and per workflow name (``None``:
       forever; a workflow listed in ``retentions`` with ``None`` is kept forever whatever the default).
+    * ``unavailable_timeout``: the longest one World call takes (seconds, retries included) when the database refuses
+      connections, does not answer or stops answering; the call then raises
+      :class:`~celery_workflow.errors.WorldUnavailable`, which the HTTP endpoints answer with ``503``. It bounds
+      libpq's ``connect_timeout`` and ``tcp_user_timeout`` (unless the connection string sets them), the wait for a
+      pooled connection, the retries, and the call's statements (a watchdog breaks the connection of a call still
+      running at its deadline). ``None``: no bound (a call waits and retries for minutes, as before this setting).
+      One setting serves HTTP and workers: a worker's call that gives up leaves its delivery unacknowledged, and the
+      transport delivers it again with its backoff, so a short bound costs a worker nothing but a retry; the
+      transport's own connections are not bounded by it (Celery reconnects them).
     """
 
     base_url: str | None = None
@@ -36,6 +45,7 @@ class PostgresConfig:
     routes: Mapping[str, str] = field(default_factory=dict)
     retention: timedelta | None = None
     retentions: Mapping[str, timedelta | None] = field(default_factory=dict)
+    unavailable_timeout: float | None = 10.0
 
     def __post_init__(self) -> None:
         if not self.poll_interval > 0:
@@ -44,6 +54,10 @@ class PostgresConfig:
             raise ConfigurationError("concurrency must be at least 1")
         if not self.lease > 0:
             raise ConfigurationError("lease must be positive")
+        if self.unavailable_timeout is not None and not (
+            isinstance(self.unavailable_timeout, (int, float)) and self.unavailable_timeout > 0
+        ):
+            raise ConfigurationError("unavailable_timeout must be a positive number of seconds (or None: no bound)")
         for name, keep in {"": self.retention, **self.retentions}.items():
             if keep is not None and (not isinstance(keep, timedelta) or keep <= timedelta(0)):
                 raise ConfigurationError(f"retention{' of ' + repr(name) if name else ''} must be a positive timedelta")
