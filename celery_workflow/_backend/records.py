@@ -237,7 +237,7 @@ def world_tables(*, write_id: bool, indexes: Mapping[str, Mapping[str, bool]]) -
     columns = {
         **VIEW_COLUMNS,
         "events": (*EVENT_COLUMNS, *extra),
-        "hook_tokens": ("token", "run_id", "hook_id", "created_at"),
+        "hook_tokens": ("token", "run_id", "hook_id", "created_at", "retain_until"),
         "streams": ("run_id", "name", "closed", "chunk_count", "created_at", "updated_at"),
         "stream_chunks": ("run_id", "name", "idx", "data", "created_at", *extra),
     }

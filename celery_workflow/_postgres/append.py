@@ -18,6 +18,13 @@ first slot of a batch planned on a stale snapshot (another process or thread app
 rolls back (:class:`~celery_workflow._backend.template.StaleSnapshot`) and the template plans the batch again on
 fresh reads. Batches that claim hook tokens (their owners are other runs' state) and
 batches that would write no event (nothing would refuse them) always read afresh.
+
+Token retention (DESIGN §3, ``0004_token_retention.sql``): a ``hook_created`` event may carry
+``token_retention_until`` (an aware ISO 8601 time, checked before anything is read). A run's end deletes its hooks
+and the token rows whose retention has ended (or was never asked for), and keeps the others: a token row whose hook is
+gone is *retained* until that time. To a claimant a retained token is owned by its ended run (hook_conflict names
+it); once its retention has ended it is free, and the claim deletes the stale row before writing its own. Disposing
+a hook releases its token at once. The retention end is read from the claiming event (:func:`retained_until_sql`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import errors as pg_errors
@@ -50,22 +57,63 @@ from celery_workflow._postgres.rows import (
     token_lock_keys,
     update_sql,
 )
-from celery_workflow.events import Event, EventType
+from celery_workflow.errors import EventInvalid
+from celery_workflow.events import Event, EventType, HookView
 
 if TYPE_CHECKING:
     import psycopg
 
     from celery_workflow._postgres.world import PostgresWorld
 
-__all__ = ["LockedReads", "PgAppend", "SnapshotCache", "WholeRun", "write_plan"]
+__all__ = [
+    "RETENTION_FIELD",
+    "LockedReads",
+    "PgAppend",
+    "SnapshotCache",
+    "WholeRun",
+    "check_token_retention",
+    "retained_until_sql",
+    "write_plan",
+]
 
 R = TypeVar("R")
 
+#: The ``hook_created`` data field that asks for the hook's token to stay reserved after its run ends, until then.
+RETENTION_FIELD = "token_retention_until"
+
+
+def retained_until_sql(tokens: str) -> str:
+    """SQL for the end of the retention of the token held by the row ``tokens`` (an alias of
+    ``celery_workflow_hook_tokens``): its ``retain_until``, copied from the claiming ``hook_created`` event's
+    ``token_retention_until`` when the row was written; NULL when that hook asked for none."""
+    return f"{tokens}.retain_until"
+
+
+def check_token_retention(batch: Sequence[rules.NewEvent]) -> None:
+    """EventInvalid unless every ``token_retention_until`` of the batch's ``hook_created`` events is an ISO 8601
+    time with its offset (what :func:`retained_until_sql` reads back)."""
+    for ev in batch:
+        if ev.event_type is not EventType.HOOK_CREATED or ev.data.get(RETENTION_FIELD) is None:
+            continue
+        until = ev.data[RETENTION_FIELD]
+        try:
+            if not isinstance(until, str):
+                raise ValueError(f"got {type(until).__name__}")
+            ids.parse_iso(until)
+        except ValueError as exc:
+            raise EventInvalid(
+                f"hook_created.{RETENTION_FIELD} must be an ISO 8601 time with its offset: {exc}"
+            ) from None
+
 
 def lock_tokens_sql(run_id: str, tokens: Sequence[str], ending: bool, disposed: Sequence[str]) -> tuple[str, Any]:
-    """The statement that locks, in token order, the token rows a batch may claim or release (see LockedReads)."""
+    """The statement that locks, in token order, the token rows a batch may claim or release (see LockedReads).
+
+    Each row: the token row's ``run_id``, ``hook_id``, ``token``, ``created_at``, whether its hook is live, the end
+    of its retention, then the hook's columns (NULL for a retained token, whose hook is gone)."""
     return (
-        f"SELECT {HOOK_H} FROM celery_workflow_hook_tokens AS t JOIN celery_workflow_hooks AS h"
+        f"SELECT t.run_id, t.hook_id, t.token, t.created_at, h.hook_id IS NOT NULL, {retained_until_sql('t')},"
+        f" {HOOK_H} FROM celery_workflow_hook_tokens AS t LEFT JOIN celery_workflow_hooks AS h"
         " ON h.run_id = t.run_id AND h.hook_id = t.hook_id"
         " WHERE t.token = ANY(%s) OR (t.run_id = %s AND (%s OR t.hook_id = ANY(%s)))"
         " ORDER BY t.token FOR UPDATE OF t",
@@ -82,6 +130,7 @@ class _Tx:
     attempt: int
     script: Script | None = None
     kept: rules.Snapshot | None = None
+    stale_tokens: frozenset[str] = frozenset()  # claimed tokens whose rows outlived their retention
 
 
 class PgAppend:
@@ -95,6 +144,7 @@ class PgAppend:
         return ids.utcnow()
 
     def transaction(self, body: Callable[[_Tx], R], request: AppendRequest) -> R:
+        check_token_retention(request.batch)  # EventInvalid before any round trip
         attempts = 0
 
         def run(conn: psycopg.Connection[Any]) -> R:
@@ -120,12 +170,13 @@ class PgAppend:
         script.begin(synchronous_commit=None if request.durable else False)
         reads = LockedReads(script, request, retry_of=request.write_id if tx.attempt > 1 else None)
         snapshot, done = reads.snapshot(script.send())
+        tx.stale_tokens = frozenset(reads.stale)
         return Loaded(snapshot, written=done or None)
 
     def write(self, tx: _Tx, request: AppendRequest, plan: rules.Plan) -> None:
         if tx.kept is None:
             assert tx.script is not None
-            self._finish(tx.script, request, plan)
+            self._finish(tx.script, request, plan, tx.stale_tokens)
             tx.script.send()
             return
         script = Script(tx.conn)
@@ -143,9 +194,11 @@ class PgAppend:
             raise StaleSnapshot() from None
         self.snapshots.put(rules.advance(tx.kept, plan))
 
-    def _finish(self, script: Script, request: AppendRequest, plan: rules.Plan) -> None:
+    def _finish(
+        self, script: Script, request: AppendRequest, plan: rules.Plan, stale_tokens: frozenset[str] = frozenset()
+    ) -> None:
         """Queue the plan's writes, the deliveries, the ack, the run-end notification and COMMIT."""
-        write_plan(script, plan, request.write_id)
+        write_plan(script, plan, request.write_id, stale_tokens)
         queue = self.world.store
         queue.add_inserts(script, request.deliveries)
         if request.ack is not None:
@@ -155,9 +208,10 @@ class PgAppend:
         script.add("COMMIT")
 
 
-def write_plan(script: Script, plan: rules.Plan, write_id: str) -> None:
+def write_plan(script: Script, plan: rules.Plan, write_id: str, stale_tokens: frozenset[str] = frozenset()) -> None:
     """Queue the writes of ``plan`` on ``script``: the events first (their primary key refuses a slot someone else
-    took), then the views, hook and token rows and the run-end cleanup."""
+    took), then the views, hook and token rows and the run-end cleanup. ``stale_tokens``: tokens the batch claims
+    whose rows (locked by :class:`LockedReads`) outlived their retention; they are deleted before the claim."""
     if not plan.events:
         return  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
     run = plan.run
@@ -186,22 +240,41 @@ def write_plan(script: Script, plan: rules.Plan, write_id: str) -> None:
                 )
             else:
                 script.add(insert_sql(TABLE[table], list(values)), tuple(values.values()))
-    # Deleting a hook releases its token (hook_tokens references hooks ON DELETE CASCADE); the token rows were
-    # locked by LockedReads already.
+    # Token rows go before their hooks: a run's end keeps those whose retention has not ended (see the module
+    # docstring), a disposal releases at once. LockedReads locked them already.
     if plan.run_ended:
+        dropped = sorted({str(e.correlation_id) for e in plan.events if e.event_type is EventType.HOOK_DISPOSED})
+        script.add(
+            "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.run_id = %s"
+            f" AND (t.hook_id = ANY(%s) OR NOT coalesce({retained_until_sql('t')} > %s, false))",
+            (run.run_id, dropped, run.completed_at),
+        )
         script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s", (run.run_id,))
         script.add("DELETE FROM celery_workflow_waits WHERE run_id = %s", (run.run_id,))
     elif plan.hooks_deleted:
+        disposed = (run.run_id, sorted(plan.hooks_deleted))
+        script.add("DELETE FROM celery_workflow_hook_tokens WHERE run_id = %s AND hook_id = ANY(%s)", disposed)
+        script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s AND hook_id = ANY(%s)", disposed)
+    stale = sorted(stale_tokens & {hook.token for hook in plan.hooks_inserted.values()})
+    if stale:
         script.add(
-            "DELETE FROM celery_workflow_hooks WHERE run_id = %s AND hook_id = ANY(%s)",
-            (run.run_id, sorted(plan.hooks_deleted)),
+            "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.token = ANY(%s) AND NOT EXISTS"
+            " (SELECT 1 FROM celery_workflow_hooks AS h WHERE h.run_id = t.run_id AND h.hook_id = t.hook_id)",
+            (stale,),
         )
+    retain = {
+        str(e.correlation_id): e.data.get(RETENTION_FIELD)
+        for e in plan.events
+        if e.event_type is EventType.HOOK_CREATED and e.data.get(RETENTION_FIELD) is not None
+    }
     for hook_id, hook in plan.hooks_inserted.items():
         values = CODEC.record("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)])
         script.add(insert_sql("celery_workflow_hooks", list(values)), tuple(values.values()))
+        until = retain.get(hook_id)
         script.add(
-            "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at) VALUES (%s, %s, %s, %s)",
-            (hook.token, hook.run_id, hook_id, hook.created_at),
+            "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at, retain_until)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (hook.token, hook.run_id, hook_id, hook.created_at, None if until is None else ids.parse_iso(str(until))),
         )
 
 
@@ -219,6 +292,7 @@ class LockedReads:
     def __init__(self, script: Script, request: AppendRequest, *, retry_of: str | None) -> None:
         run_id, keys = request.run_id, request.keys
         self.keys = keys
+        self.stale: set[str] = set()  # claimed tokens whose rows outlived their retention (free to claim)
         self.run = script.add(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (run_id,))
         self.written = (
             script.add(
@@ -262,10 +336,17 @@ class LockedReads:
         if self.created is not None:
             snapshot.created_hooks.update(hook_id for (hook_id,) in results[self.created].rows)
         if self.tokens is not None:
-            for stored in results[self.tokens].rows:
-                hook = CODEC.hook(stored)
-                if hook.token in self.keys.tokens:
-                    snapshot.token_owners[hook.token] = hook
+            now = ids.utcnow()
+            for run_id, hook_id, token, created_at, live, retained_until, *stored in results[self.tokens].rows:
+                if token not in self.keys.tokens:
+                    continue
+                if live:
+                    snapshot.token_owners[token] = CODEC.hook(stored)
+                elif retained_until is not None and retained_until > now:
+                    # retained after its run ended: owned by that run until its retention ends
+                    snapshot.token_owners[token] = HookView(run_id, hook_id, token, created_at.astimezone(UTC))
+                else:
+                    self.stale.add(token)
         return snapshot, done
 
 

@@ -8,11 +8,13 @@ Guarantees (seed "Retention"):
 * Runs go in batches of :data:`BATCH`. Each batch is ONE statement: it picks the runs, oldest end first,
   ``FOR UPDATE SKIP LOCKED`` (so every worker sharing the database sweeps at once without waiting on each other, and
   a run being appended to is skipped until the next sweep), deletes their queued deliveries and then the runs; the
-  rows of a run (events, steps, hooks and the tokens those hooks own, waits, streams and chunks) go with it through
+  rows of a run (events, steps, hooks, the tokens it holds, waits, streams and chunks) go with it through
   ``ON DELETE CASCADE``. A batch is all or nothing. Sweeps repeat until a batch finds fewer runs than
   :data:`BATCH`.
-* Token retention (a run kept while a hook's token retention has not ended) is not modelled by
-  :mod:`celery_workflow.events` yet, so it is not applied.
+* A run that still holds a token whose retention has not ended (a hook's ``token_retention_until``, see
+  :mod:`celery_workflow._postgres.append`) is kept until it ends (seed: "A run with a hook whose token retention has
+  not ended is kept until it ends"); the sweep after that deletes it, and its token rows with it. The retention's end
+  is compared with the sweep's ``now`` (this process's clock, as every time the World writes).
 
 :class:`RetentionSweeper` runs the sweep at start and then every interval in a daemon thread; errors are logged and
 the next sweep tries again.
@@ -29,6 +31,7 @@ from typing import Any
 import psycopg
 
 from celery_workflow import ids
+from celery_workflow._postgres.append import retained_until_sql
 from celery_workflow._postgres.database import PgDatabase
 
 __all__ = ["BATCH", "RetentionSweeper", "sweep_expired"]
@@ -48,6 +51,10 @@ WITH cutoffs (workflow_name, cutoff) AS (
     SELECT r.run_id FROM celery_workflow_runs AS r LEFT JOIN cutoffs AS c ON c.workflow_name = r.workflow_name
     WHERE r.completed_at IS NOT NULL AND r.status IN ('completed', 'failed', 'cancelled')
       AND r.completed_at < CASE WHEN c.workflow_name IS NULL THEN %(default)s::timestamptz ELSE c.cutoff END
+      AND NOT EXISTS (
+          SELECT 1 FROM celery_workflow_hook_tokens AS t
+          WHERE t.run_id = r.run_id AND {retained_until_sql("t")} > %(now)s::timestamptz
+      )
     ORDER BY r.completed_at
     LIMIT %(batch)s
     FOR UPDATE OF r SKIP LOCKED
@@ -76,6 +83,7 @@ def sweep_expired(
         "names": names,
         "cutoffs": [None if (keep := retentions[n]) is None else at - keep for n in names],
         "default": None if retention is None else at - retention,
+        "now": at,
         "batch": batch,
     }
 

@@ -5,8 +5,9 @@
 (``sql/postgres/NNNN_*.sql`` under an advisory lock; a newer schema is refused with
 :class:`~celery_workflow.errors.SchemaVersionError`). Tables (``0001_world.sql``, prefixed ``celery_workflow_``) go
 to the connection's ``search_path``: ``runs`` (the run view plus ``event_count``), ``events`` keyed by
-``(run_id, slot)``, ``steps``, ``hooks``, ``hook_tokens`` (its primary key makes a token single-owner), ``waits``,
-``streams`` and ``stream_chunks``. The queue table (``0002_queue.sql``) belongs to
+``(run_id, slot)``, ``steps``, ``hooks``, ``hook_tokens`` (its primary key makes a token single-owner; a row may
+outlive its hook while the token is retained, ``0004_token_retention.sql``), ``waits``, ``streams`` and
+``stream_chunks``. The queue table (``0002_queue.sql``) belongs to
 :class:`celery_workflow._postgres.queue.PostgresQueue`, which is also the storage of the Postgres Kombu transport.
 
 Consistency (every write is one :meth:`~celery_workflow._postgres.database.PgDatabase.run` transaction, retried on
@@ -55,7 +56,7 @@ from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreQueue, StoreStreams, TemplateWorld
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.waiting import wait_until
-from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun
+from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun, retained_until_sql
 from celery_workflow._postgres.config import PostgresConfig, config_with, postgres_url
 from celery_workflow._postgres.database import CHANNEL_RUNS, PgDatabase, Script
 from celery_workflow._postgres.queue import PostgresQueue
@@ -102,13 +103,17 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         **overrides: Any,
     ) -> None:
         """A World on a caller's pool (left open by :meth:`close`) or on a
-        :class:`~celery_workflow._postgres.database.PgDatabase` (left open too: its owner closes it). ``overrides``
-        are :class:`PostgresConfig` fields."""
+        :class:`~celery_workflow._postgres.database.PgDatabase` (left open too: its owner closes it; it keeps its own
+        ``unavailable_timeout``). ``overrides`` are :class:`PostgresConfig` fields."""
         self.config = config_with(config, overrides)
         self.poll_interval = self.config.poll_interval
         self.routes = self.config.routes
         self.base_url = self.config.base_url  # Workflows builds webhook URLs from it unless given its own
-        self.db = pool if isinstance(pool, PgDatabase) else PgDatabase(pool)
+        self.db = (
+            pool
+            if isinstance(pool, PgDatabase)  # it keeps its own unavailable_timeout
+            else PgDatabase(pool, unavailable_timeout=self.config.unavailable_timeout)
+        )
         self._owns_db = not isinstance(pool, PgDatabase)
         if migrate:
             self.db.migrate()
@@ -124,7 +129,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
     ) -> PostgresWorld:
         """A World with a pool of its own on ``url`` (closed by :meth:`close`)."""
         settings = config_with(config, overrides)
-        db = PgDatabase.open(url, max_size=settings.concurrency + 5)
+        db = PgDatabase.open(url, max_size=settings.concurrency + 5, unavailable_timeout=settings.unavailable_timeout)
         try:
             world = cls(db, settings, migrate=migrate)
         except BaseException:
@@ -256,15 +261,26 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         return [CODEC.step(r) for r in self._rows("list_steps", sql, (run_id,), run_id)]
 
     def get_hook_by_token(self, token: str) -> HookView:
+        """The live hook owning ``token``; HookNotFound if none. A token retained after its run ended (see
+        :mod:`celery_workflow._postgres.append`) is not live: the error says so, and until when."""
         stored = self._one(
             "get_hook_by_token",
-            f"SELECT {HOOK_H} FROM celery_workflow_hook_tokens AS t JOIN celery_workflow_hooks AS h"
+            f"SELECT t.run_id, {retained_until_sql('t')}, h.hook_id IS NOT NULL, {HOOK_H}"
+            " FROM celery_workflow_hook_tokens AS t LEFT JOIN celery_workflow_hooks AS h"
             " ON h.run_id = t.run_id AND h.hook_id = t.hook_id WHERE t.token = %s",
             (token,),
         )
         if stored is None:
             raise HookNotFound(f"no live hook owns token {token!r}")
-        return CODEC.hook(stored)
+        run_id, retained_until, live, *hook = stored
+        if not live:
+            if retained_until is not None and retained_until > ids.utcnow():
+                raise HookNotFound(
+                    f"token {token!r} belonged to a hook of run {run_id}, which has ended; the token stays reserved"
+                    f" until {ids.isoformat(retained_until)}"
+                )
+            raise HookNotFound(f"no live hook owns token {token!r}")
+        return CODEC.hook(hook)
 
     def list_hooks(self, run_id: str) -> list[HookView]:
         sql = f"SELECT {HOOK} FROM celery_workflow_hooks WHERE run_id = %s ORDER BY created_slot"

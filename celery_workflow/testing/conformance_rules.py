@@ -1,4 +1,9 @@
-"""World conformance: the transition rules of :mod:`celery_workflow.events`, observed through a World."""
+"""World conformance: the transition rules of :mod:`celery_workflow.events`, observed through a World.
+
+:class:`TokenRetentionConformance` (DESIGN §3: "Run end deletes its hooks (tokens kept until token retention
+ends)") is not part of :class:`~celery_workflow.testing.conformance.WorldConformance` yet: only the Postgres World
+keeps tokens past its run's end so far. A World that does subclasses it beside its ``WorldConformance`` tests.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from celery_workflow.testing._conformance import (
     Conformance,
     create,
     ev,
+    eventually,
     hook_created,
     iso_in,
     step_created,
@@ -336,3 +342,56 @@ class WaitRulesConformance(Conformance):
         assert world.list_waits(run.run_id) == []
         with pytest.raises(WaitNotFound):
             world.append(run.run_id, [ev(EventType.WAIT_COMPLETED, "b")])
+
+
+class TokenRetentionConformance(Conformance):
+    """Token retention: a ``hook_created`` with ``token_retention_until`` (an ISO 8601 time with its offset) keeps its
+    token reserved after its run ends, until then. While the run is live the hook is an ordinary live hook. The run's
+    end still deletes its hooks; a claim of the token gets ``hook_conflict`` naming the ended run until the retention
+    ends, and ``hook_created`` after; resuming the token is HookNotFound. A retention already over, or a hook disposed
+    (even in the batch that ends the run), releases the token at the end as any other."""
+
+    #: How long the tests' retentions last (seconds): long enough to observe, short enough to wait out.
+    RETAIN = 3.0
+
+    def test_run_end_keeps_a_retained_token_until_its_retention_ends(self, world: World) -> None:
+        owner = create(world, started=True)
+        kept, free, past, dropped = (unique(name) for name in ("kept", "free", "past", "dropped"))
+        world.append(
+            owner.run_id,
+            [
+                hook_created("kept", kept, token_retention_until=iso_in(self.RETAIN)),
+                hook_created("free", free),
+                hook_created("past", past, token_retention_until=iso_in(-60)),
+                hook_created("dropped", dropped, token_retention_until=iso_in(3600)),
+            ],
+        )
+        assert world.get_hook_by_token(kept).run_id == owner.run_id  # live: an ordinary hook
+        world.append(owner.run_id, [ev(EventType.HOOK_RECEIVED, "kept", payload={"ok": True})])
+        world.append(owner.run_id, [ev(EventType.HOOK_DISPOSED, "dropped"), ev(EventType.RUN_COMPLETED, output=None)])
+        assert world.list_hooks(owner.run_id) == []  # the run's end deletes its hooks all the same
+        for token in (kept, free, past, dropped):
+            with pytest.raises(HookNotFound):
+                world.get_hook_by_token(token)
+        with pytest.raises((HookNotFound, RunTerminal)):
+            world.append(owner.run_id, [ev(EventType.HOOK_RECEIVED, "kept", payload=1)])
+        claimant = create(world, started=True)
+        claims = [hook_created(name, token) for name, token in (("k", kept), ("f", free), ("p", past), ("d", dropped))]
+        conflict, *created = world.append(claimant.run_id, claims).events
+        assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == owner.run_id
+        assert [e.event_type for e in created] == [EventType.HOOK_CREATED] * 3
+        later = create(world, started=True)
+
+        def claimed() -> bool | None:
+            event = world.append(later.run_id, [hook_created(unique("h"), kept)]).events[0]
+            return True if event.event_type is EventType.HOOK_CREATED else None
+
+        eventually(claimed, timeout=self.RETAIN + 10, interval=0.1)
+        assert world.get_hook_by_token(kept).run_id == later.run_id
+
+    def test_token_retention_until_must_be_an_iso_time_with_its_offset(self, world: World) -> None:
+        run = create(world, started=True)
+        for bad in ("tomorrow", 12, "2030-01-01T00:00:00", ["2030-01-01T00:00:00+00:00"]):
+            with pytest.raises(EventInvalid):
+                world.append(run.run_id, [hook_created("h", unique("tok"), token_retention_until=bad)])
+        assert world.list_hooks(run.run_id) == [] and world.get_run(run.run_id).event_count == 2
