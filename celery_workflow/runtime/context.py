@@ -113,9 +113,18 @@ def workflow_metadata() -> WorkflowMetadata:
     return _require_replay("workflow_metadata").metadata
 
 
-def create_hook(token: str | None = None, metadata: Any = None, *, payload_type: Any = None) -> Hook[Any]:
-    """A hook the outside resumes with ``wf.resume_hook(token, payload)``. ``wait()`` suspends until a payload."""
-    return _require_replay("create_hook").create_hook(token=token, metadata=metadata, payload_type=payload_type)
+def create_hook(
+    token: str | None = None, metadata: Any = None, *, payload_type: Any = None, force: bool = False
+) -> Hook[Any]:
+    """A hook the outside resumes with ``wf.resume_hook(token, payload)``. ``wait()`` suspends until a payload.
+
+    A token is owned by one live hook at a time: when another run's hook owns ``token``, ``wait()`` raises
+    :class:`~celery_workflow.errors.HookConflict`. ``force=True`` takes the token over instead: the owner's hook is
+    disposed in its own run (its ``wait()`` then raises HookConflict naming this run) and this hook claims the token
+    (a token an ended run retains cannot be taken)."""
+    return _require_replay("create_hook").create_hook(
+        token=token, metadata=metadata, payload_type=payload_type, force=force
+    )
 
 
 def create_webhook(

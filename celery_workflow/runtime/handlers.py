@@ -409,6 +409,25 @@ class _WorkflowEffects:
             self.inline_until is None or now < self.inline_until
         )
 
+    def take_token(self, token: str) -> None:
+        """Dispose the other run's live hook owning ``token`` in that run's log (``taken_by`` this run) and wake it.
+        Two appends of one run each, never one transaction over two runs: no lock order to keep, and it works the
+        same on every World. A owner that ended or let go meanwhile is left alone."""
+        world = self.runtime.world
+        try:
+            owner = world.get_hook_by_token(token)
+            if owner.run_id == self.run.run_id:
+                return
+            owner_run = world.get_run(owner.run_id)
+            world.append(
+                owner.run_id,
+                [NewEvent(EventType.HOOK_DISPOSED, owner.hook_id, {"taken_by": self.run.run_id, "token": token})],
+                deliveries=[self.runtime.wake_delivery(owner_run)],
+            )
+        except (NotFound, RunTerminal, EntityTerminal):
+            return
+        log.info("run %s took hook token %r over from run %s", self.run.run_id, token, owner.run_id)
+
     def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery:
         queue = self.runtime._step_queue(self.run, sdef)
         return self.runtime.dispatcher.step_delivery(

@@ -34,6 +34,14 @@ from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
 from celery_workflow.world import DEFAULT_MAX_PAYLOAD, Delivery
 
+#: How often a forced hook claim takes its token over before it gives up (each time another run claimed it first).
+MAX_TAKEOVERS = 3
+
+
+def _is_successor(cid: str | None) -> bool:
+    """Whether ``cid`` names the re-claim of a forced hook (``hook:<n>~<k>``), matched by id rather than order."""
+    return cid is not None and cid.startswith("hook:") and "~" in cid
+
 
 def brief(value: Any, limit: int = 200) -> str:
     """A JSON value for a divergence message, cut at ``limit`` characters (messages are stored in the log)."""
@@ -77,6 +85,12 @@ class Effects(Protocol):
 
     def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery: ...
 
+    def take_token(self, token: str) -> None:
+        """Take ``token`` from the live hook of another run that owns it (a forced claim): that hook is disposed in
+        its own run's log (``hook_disposed`` with ``taken_by``) and its run woken, so its ``wait()`` raises
+        HookConflict. Nothing when no other run's live hook owns the token."""
+        ...
+
     def execute_step(
         self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
     ) -> StepOutcome: ...
@@ -108,6 +122,8 @@ class Replay:
     # derived state
     by_cid: dict[str, list[Event]] = field(default_factory=dict)
     creations: list[Event] = field(default_factory=list)
+    #: creation data of forced hooks, by the id of their first claim (see _current)
+    forced: dict[str, dict[str, Any]] = field(default_factory=dict)
     cursor: int = 0
     count: int = 0
     _clock: datetime = field(init=False)
@@ -155,7 +171,7 @@ class Replay:
             self.events.append(ev)
             if ev.correlation_id is not None:
                 self.by_cid.setdefault(ev.correlation_id, []).append(ev)
-            if ev.event_type in CREATION_EVENTS:
+            if ev.event_type in CREATION_EVENTS and not _is_successor(ev.correlation_id):
                 self.creations.append(ev)
                 if written_by_us:
                     self.cursor = len(self.creations)
@@ -386,8 +402,8 @@ class Replay:
 
     # -- hooks -----------------------------------------------------------------------------------------------------
 
-    def create_hook(self, *, token: str | None, metadata: Any, payload_type: Any) -> Hook[Any]:
-        cid, tok, _ = self._hook(token, metadata, is_webhook=False, respond_with=None)
+    def create_hook(self, *, token: str | None, metadata: Any, payload_type: Any, force: bool = False) -> Hook[Any]:
+        cid, tok, _ = self._hook(token, metadata, is_webhook=False, respond_with=None, force=force)
         return Hook(self, cid, tok, payload_type)
 
     def create_webhook(
@@ -411,25 +427,61 @@ class Replay:
         is_webhook: bool,
         respond_with: Any,
         options: Mapping[str, Any] | None = None,
+        force: bool = False,
     ) -> tuple[str, str, Mapping[str, Any]]:
         cid = self._next_id("hook")
         ev = self._match(cid)
-        if ev is None:
-            tok = token if token is not None else secrets.token_urlsafe(18)
+
+        def creation(tok: str) -> dict[str, Any]:
             data: dict[str, Any] = {"token": tok, "metadata": codec.to_json(metadata), "is_webhook": is_webhook}
             if respond_with is not None:
                 data["respond_with"] = codec.to_json(respond_with)
             data.update(options or {})
+            if force:
+                data["force"] = True
+            return data
+
+        if ev is None:
+            tok = token if token is not None else secrets.token_urlsafe(18)
+            data = creation(tok)
             self.pending.append(NewEvent(EventType.HOOK_CREATED, cid, data))
+            if force:
+                self.forced[cid] = data
             return cid, tok, data
         if ev.event_type not in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
             raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a hook")
         tok = str(ev.data["token"])
         if token is not None and token != tok:
             raise _Diverged(f"hook {cid!r} was created with token {tok!r}, the code now asks for {token!r}")
+        if force:
+            self.forced[cid] = creation(tok)
         return cid, tok, ev.data
 
+    def _current(self, cid: str, *, take: bool) -> str:
+        """The hook that stands for ``cid`` now. A forced claim whose creation met an owner (``hook_conflict``) takes
+        the token from it and claims it again as ``<cid>~1`` (``~2`` … when yet another run took it meanwhile, up to
+        :data:`MAX_TAKEOVERS` times; past that the hook stays in conflict). Successors are found by id: their
+        creations come after whatever the code did in between. ``take``: take the token over when no successor
+        exists yet (a wait), or not (a dispose)."""
+        data = self.forced.get(cid)
+        if data is None or not self._of(cid, EventType.HOOK_CONFLICT):
+            return cid
+        current = cid
+        for k in range(1, MAX_TAKEOVERS + 1):
+            successor = f"{cid}~{k}"
+            if self._of(successor, EventType.HOOK_CREATED):
+                return successor
+            if not self._of(successor, EventType.HOOK_CONFLICT):
+                pending = any(ev.correlation_id == successor for ev in self.pending)
+                if take and not pending:
+                    self.effects.take_token(str(data["token"]))
+                    self.pending.append(NewEvent(EventType.HOOK_CREATED, successor, data))
+                return successor if take or pending else current
+            current = successor
+        return current
+
     def hook_next(self, cid: str, consumed: int) -> tuple[Any, int]:
+        cid = self._current(cid, take=True)
         conflict = self._of(cid, EventType.HOOK_CONFLICT)
         if conflict:
             data = conflict[0].data
@@ -439,9 +491,18 @@ class Replay:
             ev = received[consumed]
             self._advance(ev)
             return ev.data["payload"], consumed + 1
+        for ev in self._of(cid, EventType.HOOK_DISPOSED):
+            taken_by = ev.data.get("taken_by")
+            if taken_by:  # another run's forced claim took the token (see Effects.take_token)
+                self._advance(ev)
+                token = str(ev.data.get("token", ""))
+                raise HookConflict(
+                    f"hook token {token!r} was taken over by run {taken_by}", token=token, conflicting_run_id=taken_by
+                )
         raise Suspend()
 
     def hook_dispose(self, cid: str) -> None:
+        cid = self._current(cid, take=False)
         if self._of(cid, EventType.HOOK_DISPOSED) or self._of(cid, EventType.HOOK_CONFLICT):
             return
         for i, ev in enumerate(self.pending):

@@ -275,6 +275,9 @@ class _HistoryEffects:
     def inline_allowed(self) -> bool:
         return True
 
+    def take_token(self, token: str) -> None:
+        raise _WriteRefused([])  # a forced claim the history has not recorded: the code would write
+
     def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery:
         queue = sdef.queue or self.history.queue or DEFAULT_QUEUE  # never stored: only counted as a write
         return Delivery(queue, b"", self.history.run_id, not_before, f"step:{step_id}")
