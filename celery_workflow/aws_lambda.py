@@ -20,7 +20,9 @@ the delivery runs with its visibility extended every 30 s; a failure is reported
 backoff that doubles from 1 s with each receive up to 15 minutes. Once the batch is halfway to the invocation's
 deadline, no further message is started: the rest are reported with their visibility reset, so another invocation
 takes them at once, and deliveries already running queue their next steps instead of running them inline. A
-handed-off message counts as a receive toward the dead-letter queue's ``maxReceiveCount``.
+handed-off message counts as a receive toward the dead-letter queue's ``maxReceiveCount``. A message received for
+the ``maxReceiveCount``-th time is not run: it is moved to the dead-letter queue here (SQS would move it silently on
+its next receive) and its run failed with :class:`~celery_workflow.errors.DeadLettered` as the cause.
 
 :func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
 (API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
@@ -37,9 +39,10 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from celery_workflow import dead_letters
 from celery_workflow.app import Workflows
 from celery_workflow.errors import ConfigurationError
-from celery_workflow.world import Claim, World
+from celery_workflow.world import Claim, ClaimedDelivery, World
 from celery_workflow.world_sqs import AWSWorld, create_table
 
 __all__ = ["create_table", "http_handler", "queue_handler", "retry_delay"]
@@ -126,6 +129,8 @@ def _run_one(
         return False
     if claimed is None:
         return True
+    if _dead_lettered(world, claimed):
+        return True
     try:
         with _kept_visible(world, claimed.receipt, every, lease):
             outcome = wf.handle_delivery(
@@ -137,6 +142,26 @@ def _run_one(
         return False
     log.debug("delivery %s: %s", message.get("messageId"), outcome)
     world.ack(claimed.receipt)
+    return True
+
+
+def _dead_lettered(world: AWSWorld, claimed: ClaimedDelivery) -> bool:
+    """A message on its last receive before SQS would move it to the queue's dead-letter queue (``maxReceiveCount``)
+    is moved here instead, undelivered, and its run failed with the cause (SQS would move it silently)."""
+    try:
+        receives = world.dead_letters.max_receives(claimed.queue)
+        if receives is None or claimed.attempts < receives:
+            return False
+        letter = world.dead_letter(claimed.receipt, reason=dead_letters.MAX_DELIVERIES)
+    except Exception:  # SQS moves it on its next receive anyway
+        log.warning(
+            "cannot move delivery %s to its dead-letter queue", claimed.receipt.rsplit("|", 1)[0], exc_info=True
+        )
+        return False
+    if letter is None:
+        return False
+    log.error("%s (dead letter %s)", letter.describe(), letter.id)
+    _quietly(dead_letters.fail_run, world, letter)
     return True
 
 

@@ -27,11 +27,11 @@ PAGE = 500
 
 def _all(store: DeadLetterStore, queue: str | None, run_id: str | None, limit: int) -> list[DeadLetter]:
     out: list[DeadLetter] = []
-    after = 0
+    after: int | str = 0
     while len(out) < limit:
         page = store.list_dead_letters(queue=queue, run_id=run_id, after=after, limit=min(PAGE, limit - len(out)))
         out.extend(page)
-        if len(page) < PAGE:
+        if len(page) < PAGE or not isinstance(page[-1].id, int):  # SQS answers all at once
             break
         after = page[-1].id
     return out
@@ -68,7 +68,7 @@ def cmd_show(store: DeadLetterStore, args: argparse.Namespace, out: TextIO) -> i
     return 0
 
 
-def _selection(args: argparse.Namespace) -> list[int] | None:
+def _selection(args: argparse.Namespace) -> list[int | str] | None:
     if not (args.ids or args.queue or args.all):
         raise ConfigurationError(f"dead-letters {args.dl_command}: name dead letter IDs, --queue Q, or --all")
     return list(args.ids) if args.ids else None
@@ -108,7 +108,7 @@ def add_parser(sub: Any, open_world: Callable[[argparse.Namespace], World]) -> N
     ls.add_argument("--json", action="store_true", help="JSON output, for scripts")
     ls.set_defaults(func=bind(cmd_list))
     show = dsub.add_parser("show", help="a dead letter with its message")
-    show.add_argument("id", type=int)
+    show.add_argument("id")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=bind(cmd_show))
     for name, command, what in (
@@ -116,7 +116,7 @@ def add_parser(sub: Any, open_world: Callable[[argparse.Namespace], World]) -> N
         ("purge", cmd_purge, "delete dead letters"),
     ):
         p = dsub.add_parser(name, help=what)
-        p.add_argument("ids", nargs="*", type=int, metavar="ID")
+        p.add_argument("ids", nargs="*", metavar="ID")
         p.add_argument("--queue", help="only those of this queue")
         p.add_argument("--all", action="store_true", help="every dead letter (of --queue, if given)")
         p.set_defaults(func=bind(command))

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from celery_workflow import codec
-from celery_workflow.errors import ConfigurationError, DeadLettered, NotFound, RunTerminal
+from celery_workflow.errors import ConfigurationError, DeadLettered, DeadLetterNotFound, NotFound, RunTerminal
 from celery_workflow.events import EventType, NewEvent
 
 __all__ = [
@@ -69,11 +69,12 @@ def message_task(payload: bytes) -> tuple[str | None, str | None]:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """A dead-lettered message. ``message_id`` is its id while it was queued; ``attempts`` its claims (see
-    :attr:`deliveries`); times are UTC."""
+    """A dead-lettered message. ``id``: the dead letter's (an integer in the SQL Worlds, an SQS message id on
+    AWS); ``message_id``: the message's while it was queued; ``attempts``: its claims (see :attr:`deliveries`);
+    times are UTC (SQS keeps no failure times)."""
 
-    id: int
-    message_id: int
+    id: int | str
+    message_id: int | str
     queue: str
     run_id: str | None
     attempts: int
@@ -101,7 +102,7 @@ class DeadLetter:
 
     def describe(self) -> str:
         """One line: what moved, from where, why."""
-        what = f"task {self.task_name} [{self.task_id}]" if self.task_name else f"message {self.message_id}"
+        what = f"task {self.task_name} [{self.task_id}]" if self.task_name else f"message {self.message_id or '?'}"
         why = {
             MAX_DELIVERIES: f"delivered {self.deliveries} times without success",
             REJECTED: "rejected by its consumer without requeue",
@@ -142,12 +143,12 @@ class DeadLetterStore(Protocol):
         ...
 
     def list_dead_letters(
-        self, *, queue: str | None = None, run_id: str | None = None, after: int = 0, limit: int = 100
+        self, *, queue: str | None = None, run_id: str | None = None, after: int | str = 0, limit: int = 100
     ) -> list[DeadLetter]:
         """Dead letters with ids above ``after``, oldest first."""
         ...
 
-    def get_dead_letter(self, letter_id: int) -> DeadLetter:
+    def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
         """One dead letter; DeadLetterNotFound if there is none with that id."""
         ...
 
@@ -155,30 +156,36 @@ class DeadLetterStore(Protocol):
         """Dead letters whose run has not been failed because of them yet (see :func:`settle`), oldest first."""
         ...
 
-    def settle_dead_letters(self, ids: Sequence[int]) -> None:
+    def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
         """Record that the runs of these dead letters have been dealt with."""
         ...
 
-    def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+    def redrive_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         """Put dead letters back on their queues (due now, attempts reset) and delete them; the number moved.
         ``ids`` and ``queue`` narrow the selection (neither: all). Redriving one twice moves it once."""
         ...
 
-    def purge_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+    def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         """Delete dead letters (as :meth:`redrive_dead_letters` selects them); the number deleted."""
         ...
 
 
+def letter_id(value: int | str) -> int:
+    """A SQL World's dead-letter id from what a caller gave (``"12"`` from a command line); DeadLetterNotFound for
+    one that cannot be an id."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise DeadLetterNotFound(f"no dead letter {value!r}") from None
+
+
 def dead_letter_store(world: Any) -> DeadLetterStore:
-    """The dead letters of a World whose queue lives in its database (SQLite, Postgres); ConfigurationError
-    otherwise (on AWS they are in each queue's SQS dead-letter queue)."""
-    store = getattr(world, "store", None)
-    if isinstance(store, DeadLetterStore):
-        return store
-    raise ConfigurationError(
-        f"{type(world).__name__} keeps no dead letters of its own"
-        " (on the AWS World they are in each queue's SQS dead-letter queue)"
-    )
+    """The dead letters of a World: its queue store's (SQLite, Postgres) or its queues' SQS dead-letter queues
+    (AWS, ``world.dead_letters``); ConfigurationError for a World that keeps none."""
+    for store in (getattr(world, "dead_letters", None), getattr(world, "store", None)):
+        if isinstance(store, DeadLetterStore):
+            return store
+    raise ConfigurationError(f"{type(world).__name__} keeps no dead letters")
 
 
 def cause(letter: DeadLetter) -> dict[str, Any]:
@@ -205,13 +212,15 @@ def fail_run(world: Any, letter: DeadLetter) -> bool:
     return True
 
 
-def settle(world: Any, store: DeadLetterStore, letters: Sequence[DeadLetter]) -> list[str]:
+def settle(world: Any, store: DeadLetterStore | None, letters: Sequence[DeadLetter]) -> list[str]:
     """Fail the runs of ``letters`` (:func:`fail_run`) and record them as settled; the ids of the runs failed now.
 
     Called right after a move, and by :func:`sweep`: the move and the run's failure are two transactions, and a
-    process that dies between them leaves the dead letter unsettled for the next sweep."""
+    process that dies between them leaves the dead letter unsettled for the next sweep. ``store`` None: a store that
+    keeps no settled flag (SQS)."""
     failed = [letter.run_id for letter in letters if letter.run_id and fail_run(world, letter)]
-    store.settle_dead_letters([letter.id for letter in letters])
+    if store is not None:
+        store.settle_dead_letters([letter.id for letter in letters])
     return [run_id for run_id in failed if run_id]
 
 

@@ -80,6 +80,18 @@ data "aws_iam_policy_document" "worker" {
     ]
     resources = local.queue_arns
   }
+
+  statement {
+    sid    = "DeadLetterQueues"
+    effect = "Allow"
+    actions = [
+      "sqs:ChangeMessageVisibility",
+      "sqs:DeleteMessage",
+      "sqs:ReceiveMessage",
+      "sqs:SendMessage",
+    ]
+    resources = local.dead_letter_arns
+  }
 }
 
 data "aws_iam_policy_document" "api" {

@@ -23,6 +23,13 @@ locals {
   # Every queue the World sends to and the worker reads: the task queue, then the routed queues.
   queue_arns = concat([aws_sqs_queue.tasks.arn], [for key in sort(keys(local.queues)) : aws_sqs_queue.routed[key].arn])
 
+  # Their dead-letter queues: workers move a message there themselves one receive before SQS would (to fail its run
+  # with the cause), and `celery-workflow dead-letters` lists, redrives and purges them.
+  dead_letter_arns = concat(
+    [aws_sqs_queue.tasks_dead_letter.arn],
+    [for key in sort(keys(local.queues)) : aws_sqs_queue.routed_dead_letter[key].arn],
+  )
+
   # The schedules the World creates: celery-workflow-<delivery id> in the module's group.
   schedule_arn_pattern = var.enable_scheduler ? "arn:${local.partition}:scheduler:${local.region}:${local.account}:schedule/${aws_scheduler_schedule_group.this[0].name}/celery-workflow-*" : null
 }

@@ -44,6 +44,7 @@ from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
 from celery_workflow._aws.dynamo import ConditionFailed, Table
 from celery_workflow._aws.items import from_item, to_item
 from celery_workflow._aws.table import META, queue_pk, run_pk
+from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
 from celery_workflow.world import ClaimedDelivery, Delivery
 
@@ -394,6 +395,21 @@ class SQSQueue:
         except ConditionFailed:
             return False
         return True
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move the claimed message to its queue's dead-letter queue (its record stays, so a redrive finds it);
+        None when the claim is stale or the queue has no dead-letter queue (then nothing moved)."""
+        r = Receipt.parse(receipt)
+        found = self.table.get_many([{"pk": queue_pk(r.id), "sk": META}])
+        if not found:
+            return None
+        record = Record.from_item(found[0])
+        if record.claim != r.claim:
+            return None
+        return self.world.dead_letters.move(
+            r.queue, r.handle, record.body(), reason=reason, attempts=record.claim, run_id=record.run_id,
+            payload=record.payload, error=error,
+        )  # fmt: skip
 
     def held(self, receipts: Sequence[Receipt]) -> list[Receipt]:
         """The receipts whose claim is still their record's current one."""

@@ -39,6 +39,7 @@ from celery_workflow import codec, ids
 from celery_workflow import events as rules
 from celery_workflow._aws.append import AWSAppend
 from celery_workflow._aws.config import AWSConfig, QueueConfig
+from celery_workflow._aws.dead_letters import SQSDeadLetters
 from celery_workflow._aws.dynamo import Cancelled, Table
 from celery_workflow._aws.items import event_item, from_item, item_size, run_item, run_of, to_item, view_of
 from celery_workflow._aws.queue import Record, SQSQueue
@@ -49,6 +50,7 @@ from celery_workflow._backend.base import StoreStreams, TemplateWorld
 from celery_workflow._backend.checks import check_deliveries
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.waiting import wait_until
+from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import ConfigurationError, EventTooLarge, HookNotFound, RunNotFound, StepNotFound
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
@@ -96,6 +98,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
         self.base_url = config.base_url  # Workflows builds webhook URLs from it unless given its own
         self.table = Table(dynamodb_client, config.table_name)
         self.queue = SQSQueue(self, sqs_client)
+        #: Each queue's SQS dead-letter queue (celery_workflow.dead_letters.DeadLetterStore).
+        self.dead_letters = SQSDeadLetters(self)
         self.streams = AWSStreams(self)
         self._steps = AWSAppend(self)
 
@@ -325,6 +329,11 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def release(self, receipt: str) -> None:
         self.queue.set_visibility([receipt], 0)
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move a claimed delivery to its queue's dead-letter queue (see :mod:`celery_workflow._aws.dead_letters`);
+        None when nothing moved."""
+        return self.queue.dead_letter(receipt, reason=reason, error=error)
 
     def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
         self.queue.set_visibility([receipt], max(delay, 0.0))

@@ -51,6 +51,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from celery_workflow import codec
+from celery_workflow import dead_letters as dead_letters_
 from celery_workflow._backend.broker import (
     Binding,
     QueuedMessage,
@@ -281,20 +282,22 @@ class PostgresQueue:
         return letters[0] if letters else None
 
     def list_dead_letters(
-        self, *, queue: str | None = None, run_id: str | None = None, after: int = 0, limit: int = 100
+        self, *, queue: str | None = None, run_id: str | None = None, after: int | str = 0, limit: int = 100
     ) -> list[DeadLetter]:
         """Dead letters with ids above ``after``, oldest first (of ``queue`` / ``run_id`` when given)."""
         rows = self._rows(
             "list dead letters",
             f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE {stmt.DEAD_SELECTION}"
             " AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s) AND id > %(after)s ORDER BY id LIMIT %(limit)s",
-            ids=None, queue=queue, run_id=run_id, after=after, limit=max(limit, 0),
+            ids=None, queue=queue, run_id=run_id, after=dead_letters_.letter_id(after), limit=max(limit, 0),
         )  # fmt: skip
         return dead_letters(rows, _utc)
 
-    def get_dead_letter(self, letter_id: int) -> DeadLetter:
+    def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
         rows = self._rows(
-            "get dead letter", f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE id = %(id)s", id=int(letter_id)
+            "get dead letter",
+            f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE id = %(id)s",
+            id=dead_letters_.letter_id(letter_id),
         )
         if not rows:
             raise DeadLetterNotFound(f"no dead letter {letter_id}")
@@ -309,27 +312,27 @@ class PostgresQueue:
         )
         return dead_letters(rows, _utc)
 
-    def settle_dead_letters(self, ids: Sequence[int]) -> None:
+    def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
         """Record that the runs of these dead letters have been dealt with."""
         if ids:
             self._rowcount(
                 "settle dead letters",
                 f"UPDATE {stmt.DEAD} SET run_settled_at = {stmt.NOW}"
                 " WHERE id = ANY(%(ids)s::bigint[]) AND run_settled_at IS NULL",
-                ids=[int(i) for i in ids],
+                ids=[dead_letters_.letter_id(i) for i in ids],
             )
 
-    def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+    def redrive_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""
         if ids is not None and not ids:
             return 0
-        chosen = None if ids is None else [int(i) for i in ids]
+        chosen = None if ids is None else [dead_letters_.letter_id(i) for i in ids]
         return len(self._rows("redrive dead letters", stmt.REDRIVE, commit_mode="disk", ids=chosen, queue=queue))
 
-    def purge_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+    def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         if ids is not None and not ids:
             return 0
-        chosen = None if ids is None else [int(i) for i in ids]
+        chosen = None if ids is None else [dead_letters_.letter_id(i) for i in ids]
         return self._rowcount(
             "purge dead letters", f"DELETE FROM {stmt.DEAD} WHERE {stmt.DEAD_SELECTION}", ids=chosen, queue=queue
         )

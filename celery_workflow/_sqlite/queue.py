@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_workflow import codec
+from celery_workflow import dead_letters as dead_letters_
 from celery_workflow._backend.broker import (
     BROKER_BINDINGS,
     BROKER_CONSUMERS,
@@ -384,19 +385,19 @@ class SQLiteQueue:
         return letters[0] if letters else None
 
     @staticmethod
-    def _selection(ids: Sequence[int] | None, queue: str | None, alias: str = "") -> tuple[str, list[Any]]:
+    def _selection(ids: Sequence[int | str] | None, queue: str | None, alias: str = "") -> tuple[str, list[Any]]:
         where: list[str] = ["1 = 1"]
         params: list[Any] = []
         if ids is not None:
             where.append(f"{alias}id IN ({_marks(ids)})")
-            params.extend(int(i) for i in ids)
+            params.extend(dead_letters_.letter_id(i) for i in ids)
         if queue is not None:
             where.append(f"{alias}queue = ?")
             params.append(queue)
         return " AND ".join(where), params
 
     def list_dead_letters(
-        self, *, queue: str | None = None, run_id: str | None = None, after: int = 0, limit: int = 100
+        self, *, queue: str | None = None, run_id: str | None = None, after: int | str = 0, limit: int = 100
     ) -> list[DeadLetter]:
         """Dead letters with ids above ``after``, oldest first (of ``queue`` / ``run_id`` when given)."""
         where, params = self._selection(None, queue)
@@ -405,12 +406,12 @@ class SQLiteQueue:
             params.append(run_id)
         rows = self._read(
             f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE {where} AND id > ? ORDER BY id LIMIT ?",
-            (*params, after, max(limit, 0)),
+            (*params, dead_letters_.letter_id(after), max(limit, 0)),
         )
         return dead_letters(rows, _datetime)
 
-    def get_dead_letter(self, letter_id: int) -> DeadLetter:
-        rows = self._read(f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE id = ?", (int(letter_id),))
+    def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
+        rows = self._read(f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE id = ?", (dead_letters_.letter_id(letter_id),))
         if not rows:
             raise DeadLetterNotFound(f"no dead letter {letter_id}")
         return dead_letters(rows, _datetime)[0]
@@ -422,7 +423,7 @@ class SQLiteQueue:
         )
         return dead_letters(rows, _datetime)
 
-    def settle_dead_letters(self, ids: Sequence[int]) -> None:
+    def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
         """Record that the runs of these dead letters have been dealt with."""
         if not ids:
             return
@@ -432,7 +433,7 @@ class SQLiteQueue:
                 (self._now(), *ids),
             )
 
-    def redrive_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+    def redrive_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""
         if ids is not None and not ids:
             return 0
@@ -449,7 +450,7 @@ class SQLiteQueue:
             conn.execute(f"DELETE FROM {_DEAD} WHERE {where}", params)
         return int(moved)
 
-    def purge_dead_letters(self, ids: Sequence[int] | None = None, *, queue: str | None = None) -> int:
+    def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         if ids is not None and not ids:
             return 0
         where, params = self._selection(ids, queue)

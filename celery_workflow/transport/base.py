@@ -92,6 +92,10 @@ _TopicExchange: Any = _exchange.TopicExchange
 _to_rabbitmq_queue_arguments: Any = _kombu_base.to_rabbitmq_queue_arguments
 
 
+#: The task names of celery_workflow's own deliveries (``celery_workflow.app``): Celery rejects them when their
+#: handling failed (an outage: they must come back later) or when the worker does not know them (a rolling deploy:
+#: another worker may), so a rejection backs them off rather than dead-lettering them at once.
+WORKFLOW_TASKS = ("workflow.", "step.")
 #: Celery's event exchange (``event_exchange``), where dead letters are announced.
 EVENT_EXCHANGE = "celeryev"
 MIN_WAIT = 0.001
@@ -226,10 +230,9 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         """requeue: release the lease (due at once); otherwise move the message to the dead letters, as a queue
-        with a dead-letter exchange does (a store without dead letters backs it off: 1 s, 2 s … 300 s).
-
-        A delivery that was already put back (the task recorded its failure with ``retry_later``) is not moved:
-        its receipt is stale by then."""
+        with a dead-letter exchange does (a store without dead letters, and a workflow or step delivery, see
+        :data:`WORKFLOW_TASKS`, back it off instead: 1 s, 2 s … up to ``backoff_cap``, until the queue's delivery
+        limit). A delivery the task already put back itself (``retry_later``, with its error) is left as it is."""
         held = self._claim(delivery_tag)
         try:
             if held is not None:
@@ -241,15 +244,17 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             super().basic_reject(delivery_tag, requeue=False)
 
     def _reject(self, held: Claim, delivery_tag: Any) -> None:
-        mover = getattr(self.store, "dead_letter", None)
-        if mover is None:
-            self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
-            return
         try:
             message = self.qos.get(delivery_tag)
             task, task_id = message.headers.get("task"), message.headers.get("id")
         except (KeyError, AttributeError):
             task = task_id = None
+        mover = getattr(self.store, "dead_letter", None)
+        if mover is None or str(task or "").startswith(WORKFLOW_TASKS):
+            # a workflow or step delivery whose handling failed (or that this worker does not know yet, as during
+            # a rolling deploy) is retried with backoff until its queue's delivery limit moves it
+            self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
+            return
         error = f"rejected by its consumer: task {task} [{task_id}]" if task else "rejected by its consumer"
         letter = mover(held.receipt, reason=dead_letters.REJECTED, error=error)
         if letter is not None:
@@ -612,10 +617,10 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
     def _settle(self, letters: Sequence[DeadLetter] | None = None) -> None:
         """Fail the runs of ``letters`` (None: of the dead letters nobody settled yet, e.g. because the process that
         moved them died before failing their runs) and record them as settled."""
-        store = self.store
-        if not isinstance(store, dead_letters.DeadLetterStore):
-            return
+        store = self.store if isinstance(self.store, dead_letters.DeadLetterStore) else None
         if letters is None:
+            if store is None:
+                return
             letters = self._quietly("look for unsettled dead letters", store.unsettled_dead_letters)
             if not letters:
                 return

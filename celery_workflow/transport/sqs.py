@@ -104,6 +104,23 @@ class Transport(StoreTransport):
         assert isinstance(store, SQSBrokerStore)
         return store
 
+    def world(self) -> Any:
+        """The store's AWS World (the store owns it: not closed with the connection)."""
+        return self.sqs_store.world
+
+    def delivery_limit(self, queue: str) -> int | None:
+        """On a task queue, one receive fewer than its redrive policy's ``maxReceiveCount`` (so the transport moves
+        the message itself, failing its run and announcing it, before SQS would move it silently), and at most the
+        ``max_deliveries`` options; no limit on a queue without a dead-letter queue (there is nowhere to move it)."""
+        limit = super().delivery_limit(queue)
+        store = self.sqs_store
+        if not store.is_task_queue(queue):
+            return limit
+        receives = self._quietly("read a queue's redrive policy", store.world.dead_letters.max_receives, queue)
+        if receives is None:
+            return None
+        return receives - 1 if limit is None else min(limit, receives - 1)
+
     def poll_limit(self) -> int:
         """The consumers' prefetch room (10 at most): one receive takes a batch."""
         return max(1, min(10, self._room()))

@@ -36,7 +36,9 @@ from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY
 from celery_workflow._aws.queue import EARLY_TOLERANCE, body_of
 from celery_workflow._backend.broker import Binding, QueuedMessage
+from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import ConfigurationError
+from celery_workflow.transport.store import backoff
 from celery_workflow.world import ClaimedDelivery, Delivery
 from celery_workflow.world_sqs import AWSWorld
 
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 #: whose process has gone stays hidden for its visibility timeout, so a closing transport waits for its polls to
 #: end (and gives back what they bring): 5 s bounds that wait, at 720 requests an hour per idle queue.
 LONG_POLL = 5.0
+#: The longest a rejected message waits on a queue without a dead-letter queue (SQS's longest delay, 15 minutes).
+MAX_SQS_BACKOFF = 900.0
 #: The largest plain message sent as it is (SQS takes 256 KiB with attributes); a larger one goes through a record.
 MAX_RAW_BODY = 250_000
 
@@ -115,6 +119,7 @@ class SQSBrokerStore:
         self._consumed: set[str] = set()
         self._closed = False  # closed: no receiver starts again (its long poll would outlive the process)
         self._stopping: list[_Receiver] = []  # stopped receivers whose last poll may still be in flight
+        self._raw_held: dict[str, tuple[str, int]] = {}  # plain messages held: receipt -> (body, receive count)
         # without a control channel: direct routing state, in this process only
         self._exchanges: dict[str, str] = {}
         self._bindings: dict[tuple[str, str, str], Binding] = {}
@@ -201,7 +206,10 @@ class SQSBrokerStore:
             log.warning("deleting a message on %r that is neither a Kombu message nor a delivery: %.200r", queue, body)
             self.world.queue.delete_message(queue, handle)
             return None
-        return ClaimedDelivery(f"raw|{queue}|{handle}", queue, body.encode(), count, None)
+        receipt = f"raw|{queue}|{handle}"
+        with self._cond:
+            self._raw_held[receipt] = (body, count)  # to move it to the dead-letter queue, should it come to that
+        return ClaimedDelivery(receipt, queue, body.encode(), count, None)
 
     def _ensure_receiver(self, queue: str) -> None:
         if self._closed:
@@ -279,19 +287,48 @@ class SQSBrokerStore:
         _, queue, handle = receipt.split("|", 2)
         return queue, handle
 
+    def _let_go(self, receipt: str) -> tuple[str, int] | None:
+        with self._cond:
+            return self._raw_held.pop(receipt, None)
+
     def ack(self, receipt: str) -> None:
         if receipt.startswith("ctl|"):
             self.control.ack(receipt[4:])
         elif receipt.startswith("raw|"):
+            self._let_go(receipt)
             self.world.queue.delete_message(*self._raw(receipt))
         else:
             self.world.ack(receipt)
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move the message to its queue's SQS dead-letter queue (see :mod:`celery_workflow._aws.dead_letters`).
+        A queue without one keeps the message, backed off as SQS would (None: nothing moved); a control message
+        (remote control, events) is dropped, as AMQP drops a rejected message without a dead-letter exchange."""
+        if receipt.startswith("ctl|"):
+            self.control.ack(receipt[4:])
+            return None
+        letters = self.world.dead_letters
+        if receipt.startswith("raw|"):
+            queue, handle = self._raw(receipt)
+            held = self._let_go(receipt)
+            if held is None or letters.target(queue) is None:
+                self.retry_later(receipt, backoff(held[1] if held else 1, cap=MAX_SQS_BACKOFF))
+                return None
+            body, count = held
+            return letters.move(
+                queue, handle, body, reason=reason, attempts=count, run_id=None, payload=body.encode(), error=error
+            )
+        letter = self.world.dead_letter(receipt, reason=reason, error=error)
+        if letter is None and letters.target(receipt.split("|", 2)[1]) is None:
+            self.retry_later(receipt, MAX_SQS_BACKOFF)
+        return letter
 
     def release(self, receipt: str) -> None:
         self.retry_later(receipt, 0.0)
 
     def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
         """Make the message visible again in ``delay`` seconds (SQS keeps no error: ``error`` is not stored)."""
+        self._let_go(receipt)
         if receipt.startswith("ctl|"):
             if delay > 0:
                 self.control.retry_later(receipt[4:], delay)

@@ -145,8 +145,14 @@ def aws_environment(moto_url: str) -> Iterator[dict[str, str]]:
     clients = {s: boto3.client(s, endpoint_url=moto_url, **aws_fixtures.CREDENTIALS) for s in ("dynamodb", "sqs")}
     create_table(clients["dynamodb"], table, poll=0.05)
     queues = {}
+    dead_letter_urls = []
     for name in ("tasks", "backfill"):
-        url = clients["sqs"].create_queue(QueueName=f"{table}-{name}")["QueueUrl"]
+        # each with its dead-letter queue, as the Terraform module makes them (maxReceiveCount 10)
+        dlq = clients["sqs"].create_queue(QueueName=f"{table}-{name}-dlq")["QueueUrl"]
+        dead_letter_urls.append(dlq)
+        dlq_arn = clients["sqs"].get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
+        policy = json.dumps({"deadLetterTargetArn": dlq_arn["QueueArn"], "maxReceiveCount": 10})
+        url = clients["sqs"].create_queue(QueueName=f"{table}-{name}", Attributes={"RedrivePolicy": policy})["QueueUrl"]
         arn = clients["sqs"].get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         queues[name] = {"url": url, "arn": arn, "fifo": False}
     env = {
@@ -167,6 +173,6 @@ def aws_environment(moto_url: str) -> Iterator[dict[str, str]]:
         yield env
     finally:
         clients["dynamodb"].delete_table(TableName=table)
-        for queue in queues.values():
-            clients["sqs"].delete_queue(QueueUrl=queue["url"])
+        for url in [q["url"] for q in queues.values()] + dead_letter_urls:
+            clients["sqs"].delete_queue(QueueUrl=url)
         redis_fixtures.delete_prefix(f"celery_workflow:{table}:")

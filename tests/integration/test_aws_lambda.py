@@ -240,3 +240,37 @@ def test_the_http_handler_serves_rpc_and_webhooks(aws: Aws, wf: Workflows) -> No
     assert answered["statusCode"] == 201 and json.loads(answered["body"]) == {"thanks": True}
     drive(aws, worker, lambda: run.status.terminal)
     assert run.result() == {"paid": 42}
+
+
+def test_a_message_on_its_last_receive_is_dead_lettered_and_its_run_failed(
+    aws: Aws, wf: Workflows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery that keeps failing comes back until its receive count reaches the redrive policy's
+    maxReceiveCount; that receive is not run: the handler moves the message to the dead-letter queue itself (SQS
+    would move it silently on the next receive) and fails the run with DeadLettered as its cause."""
+    from celery_workflow.dead_letters import dead_letter_store
+
+    dlq = aws.sqs.create_queue(QueueName="workflow-tasks-dlq")["QueueUrl"]
+    arn = aws.sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": 3})
+    aws.sqs.set_queue_attributes(QueueUrl=aws.queue_url, Attributes={"RedrivePolicy": policy})
+
+    def on_fire(*args: Any, **kwargs: Any) -> str:
+        raise RuntimeError("handler on fire")
+
+    monkeypatch.setattr(wf.runtime, "handle_workflow", on_fire)
+    handler = queue_handler(wf)
+    run = wf.start("two_slow_steps", 0.0)
+    answers = []
+    deadline = time.monotonic() + 30
+    while not run.status.terminal:
+        assert time.monotonic() < deadline, "the run was not failed"
+        event = sqs_event(aws, visibility=0)
+        if event["Records"]:
+            answers.append(handler(event, Context(60)))
+    assert [len(a["batchItemFailures"]) for a in answers] == [1, 1, 0]  # two failed deliveries, then the move
+    error = run.view().error or {}
+    assert error["type"] == "celery_workflow.errors.DeadLettered" and error["reason"] == "max-deliveries"
+    (letter,) = dead_letter_store(wf.world).list_dead_letters()
+    assert (letter.run_id, letter.queue, letter.task_name) == (run.id, "celery", "workflow.two_slow_steps")
+    assert error["dead_letter"] == letter.id

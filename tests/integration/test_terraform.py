@@ -525,6 +525,11 @@ def test_event_source_mappings_report_batch_item_failures(deployment: Deployment
 TABLE_ACTIONS = ["GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "BatchGetItem"]
 
 
+def dead_letter_name(queue: str) -> str:
+    """The module's name for a queue's dead-letter queue: ``<queue>-dlq`` (``.fifo`` kept last)."""
+    return f"{queue.removesuffix('.fifo')}-dlq.fifo" if queue.endswith(".fifo") else f"{queue}-dlq"
+
+
 def expected_policies(name: str, queues: list[str], *, scheduler: bool) -> dict[str, set[tuple[str, str]]]:
     """The seed's IAM section, transcribed: (action, resource) pairs of the worker and the API policies.
 
@@ -533,7 +538,8 @@ def expected_policies(name: str, queues: list[str], *, scheduler: bool) -> dict[
     GetQueueAttributes on the queues; with the Scheduler, CreateSchedule and DeleteSchedule on the World's schedules
     and iam:PassRole on the Scheduler role. The API, with the Scheduler: CreateSchedule (a cancelled run schedules its
     expiry) and DeleteSchedule, and iam:PassRole on the Scheduler role, which the seed forgot (AWS requires it for a
-    CreateSchedule naming the role): a documented deviation."""
+    CreateSchedule naming the role): a documented deviation. Another: the worker may receive, delete, send to and
+    change the visibility of messages on the dead-letter queues (it moves dead letters itself, and redrives them)."""
     table = arn("dynamodb", f"table/{name}")
     queue_arns = [arn("sqs", q) for q in queues]
     both = {(f"dynamodb:{a}", r) for a in TABLE_ACTIONS for r in (table, f"{table}/index/*")}
@@ -541,6 +547,9 @@ def expected_policies(name: str, queues: list[str], *, scheduler: bool) -> dict[
     worker = {*both, ("dynamodb:BatchWriteItem", table)}
     worker |= {(f"sqs:{a}", q) for a in ("ReceiveMessage", "DeleteMessage", "ChangeMessageVisibility",
                                           "GetQueueAttributes") for q in queue_arns}  # fmt: skip
+    # a documented deviation: workers move messages to the dead-letter queues themselves (issue #12)
+    worker |= {(f"sqs:{a}", arn("sqs", dead_letter_name(q))) for a in ("ReceiveMessage", "DeleteMessage",
+               "ChangeMessageVisibility", "SendMessage") for q in queues}  # fmt: skip
     api = set(both)
     if scheduler:
         schedules = arn("scheduler", f"schedule/{name}/celery-workflow-*")

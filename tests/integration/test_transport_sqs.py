@@ -204,3 +204,55 @@ def test_a_closed_store_starts_no_receiver(world: AWSWorld, aws: Aws, monkeypatc
     finally:
         monkeypatch.setattr(state, "should_stop", None)
         conn.release()
+
+
+# -- dead letters: each queue's SQS dead-letter queue ------------------------------------------------------------------
+
+
+def _with_dead_letter_queue(aws: Aws, url: str, name: str, max_receives: int) -> str:
+    dlq = aws.sqs.create_queue(QueueName=name)["QueueUrl"]
+    arn = aws.sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives})
+    aws.sqs.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": policy})
+    return str(dlq)
+
+
+def test_reject_and_too_many_receives_move_messages_to_the_dead_letter_queue(
+    aws: Aws, world: AWSWorld, connect: Callable[..., Connection]
+) -> None:
+    """``reject(requeue=False)`` moves a message to its queue's dead-letter queue at once; a message received as
+    often as the redrive policy allows is moved by the transport one receive before SQS would (so it can be
+    announced and its run failed), with where it came from and why as message attributes. The CLI's store lists,
+    redrives (once) and purges them."""
+    from celery_workflow.dead_letters import dead_letter_store
+
+    dlq = _with_dead_letter_queue(aws, aws.queue_url, "workflow-tasks-dlq", 3)
+    conn = connect(world)
+    queue = Queue("celery", Exchange("celery", type="direct"), routing_key="celery")
+    received: list[Any] = []
+
+    def on_message(body: Any, message: Any) -> None:
+        received.append(body)
+        if body["n"] == 1:
+            message.reject()
+        else:
+            message.requeue()
+
+    with Consumer(conn.channel(), [queue], callbacks=[on_message], accept=["json"]):
+        producer = Producer(conn.channel())
+        for n in (1, 2):
+            producer.publish({"n": n}, exchange="celery", routing_key="celery", serializer="json", declare=[queue])
+        drain(conn, lambda: _visible(aws, dlq) == 2, timeout=30)
+    assert sorted(b["n"] for b in received) == [1, 2, 2]  # the second: received twice, moved on the third receive
+    store = dead_letter_store(world)
+    letters = {d.reason: d for d in store.list_dead_letters()}
+    assert set(letters) == {"rejected", "max-deliveries"}
+    assert letters["rejected"].queue == "celery" and letters["max-deliveries"].attempts == 3
+    assert letters["max-deliveries"].deliveries == 2
+    assert _visible(aws, aws.queue_url) == 0 and _held(aws, aws.queue_url) == 0
+
+    assert store.redrive_dead_letters([letters["rejected"].id]) == 1
+    assert store.redrive_dead_letters([letters["rejected"].id]) == 0
+    assert _visible(aws, aws.queue_url) == 1
+    assert store.purge_dead_letters() == 1
+    assert store.list_dead_letters() == []
