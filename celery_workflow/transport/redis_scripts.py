@@ -23,6 +23,27 @@ local function idem_key(m)
   if run ~= false and run ~= '' then return p .. 'idem:r:' .. run .. ':' .. key end
   return p .. 'idem:q:' .. redis.call('HGET', mkey(m), 'queue') .. ':' .. key
 end
+local function insert(queue, payload, run, due, key)
+  local id = tostring(redis.call('INCR', p .. 'seq'))
+  local exp = ''
+  local decl = redis.call('HGET', p .. 'queues', queue)
+  if decl then
+    local ttl = cjson.decode(decl)['message_ttl']
+    if ttl ~= nil and ttl ~= cjson.null then exp = string.format('%.0f', tonumber(due) + math.floor(ttl * 1000000)) end
+  end
+  redis.call('HSET', mkey(id), 'queue', queue, 'payload', payload, 'run', run, 'nb', due, 'attempts', 0,
+             'lease', '', 'key', key, 'exp', exp, 'created', ARGV[2], 'ff', '', 'lf', '', 'err', '')
+  redis.call('ZADD', p .. 'due:' .. queue, due, id)
+  redis.call('PUBLISH', p .. 'changes', queue)
+  return id
+end
+local function failed(id, at, err)  -- record a failed delivery in the message's history
+  local m = mkey(id)
+  local ff = redis.call('HGET', m, 'ff')
+  if ff == false or ff == '' then redis.call('HSET', m, 'ff', at) end
+  redis.call('HSET', m, 'lf', at)
+  if err ~= nil and err ~= '' then redis.call('HSET', m, 'err', err) end
+end
 local function drop(id, queue)
   local k = idem_key(id)
   if k and redis.call('GET', k) == id then redis.call('DEL', k) end
@@ -36,30 +57,21 @@ end
 PUT = (
     COMMON
     + """
-local now, queue, due = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[6])
+local now, queue = tonumber(ARGV[2]), ARGV[3]
 local run, key = ARGV[5], ARGV[7]
 local idem = nil
 if key ~= '' then
   if run ~= '' then idem = p .. 'idem:r:' .. run .. ':' .. key else idem = p .. 'idem:q:' .. queue .. ':' .. key end
   if redis.call('EXISTS', idem) == 1 then return 0 end
 end
-local id = tostring(redis.call('INCR', p .. 'seq'))
-local exp = ''
-local decl = redis.call('HGET', p .. 'queues', queue)
-if decl then
-  local ttl = cjson.decode(decl)['message_ttl']
-  if ttl ~= nil and ttl ~= cjson.null then exp = string.format('%.0f', due + math.floor(ttl * 1000000)) end
-end
-redis.call('HSET', mkey(id), 'queue', queue, 'payload', ARGV[4], 'run', run, 'nb', ARGV[6], 'attempts', 0,
-           'lease', '', 'key', key, 'exp', exp, 'created', ARGV[2])
-redis.call('ZADD', p .. 'due:' .. queue, due, id)
+local id = insert(queue, ARGV[4], run, ARGV[6], key)
 if idem then redis.call('SET', idem, id) end
-redis.call('PUBLISH', p .. 'changes', queue)
 return tonumber(id)
 """
 )
 
-# ARGV: prefix, now, lease_until, limit, n, queue_1 .. queue_n, noack_1 .. noack_n ('1' or '0')
+# ARGV: prefix, now, lease_until, limit, n, queue_1 .. queue_n, noack_1 .. noack_n ('1' or '0'), lost (the error
+# recorded for a lease that ran out)
 CLAIM = (
     COMMON
     + """
@@ -68,8 +80,9 @@ local found = {}
 for i = 1, n do
   local queue = ARGV[5 + i]
   local held = p .. 'held:' .. queue
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', held, '-inf', now)) do  -- leases that ran out
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', held, '-inf', now)) do  -- leases that ran out: failed deliveries
     redis.call('ZREM', held, id)
+    failed(id, redis.call('HGET', mkey(id), 'lease'), ARGV[6 + 2 * n])
     redis.call('HSET', mkey(id), 'lease', '')
     redis.call('ZADD', p .. 'due:' .. queue, redis.call('HGET', mkey(id), 'nb'), id)
   end
@@ -106,13 +119,14 @@ return out
 """
 )
 
-# ARGV: prefix, now, op ('ack' | 'release' | 'later' | 'extend'), value, id_1, attempts_1, id_2, attempts_2 ...
+# ARGV: prefix, now, op ('ack' | 'release' | 'later' | 'extend'), value, error ('later': recorded with the failure),
+# id_1, attempts_1, id_2, attempts_2 ...
 SETTLE = (
     COMMON
     + """
 local now, op, value = tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local done = 0
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local id, attempts = ARGV[i], ARGV[i + 1]
   local m = mkey(id)
   if redis.call('HGET', m, 'attempts') == attempts and (num(redis.call('HGET', m, 'lease')) ~= nil) then
@@ -123,7 +137,10 @@ for i = 5, #ARGV, 2 do
       redis.call('HSET', m, 'lease', ARGV[4])
       redis.call('ZADD', p .. 'held:' .. queue, value, id)
     else
-      if op == 'later' then redis.call('HSET', m, 'nb', ARGV[4]) end
+      if op == 'later' then
+        redis.call('HSET', m, 'nb', ARGV[4])
+        failed(id, ARGV[2], ARGV[5])
+      end
       redis.call('HSET', m, 'lease', '')
       redis.call('ZREM', p .. 'held:' .. queue, id)
       redis.call('ZADD', p .. 'due:' .. queue, redis.call('HGET', m, 'nb'), id)
@@ -225,6 +242,100 @@ for i = 3, #ARGV do
     if redis.call('HLEN', bkey) == 0 then redis.call('SREM', p .. 'exchanges_bound', exchange) end
   end
   redis.call('DEL', p .. 'bound:' .. queue)
+end
+return n
+"""
+)
+
+# A dead letter is the hash ``<p>d:<id>`` (ids from ``INCR <p>dseq``); ``<p>dead`` indexes them by id and
+# ``<p>unsettled`` holds those whose run has not been failed yet. Fields: ``mid`` (the message's id), ``queue``,
+# ``payload``, ``run``, ``attempts``, ``reason``, ``err``, ``ff``/``lf`` first and last failure, ``enq``, ``dead``.
+LETTERS = """
+local function lkey(id) return p .. 'd:' .. id end
+local function selected(ids, queue, run)  -- ids of the letters picked by ARGV (ids: a list, or nil for all)
+  local out = {}
+  if ids == nil then ids = redis.call('ZRANGE', p .. 'dead', 0, -1) end
+  for _, id in ipairs(ids) do
+    local q = redis.call('HGET', lkey(id), 'queue')
+    if q and (queue == '' or q == queue) and (run == '' or redis.call('HGET', lkey(id), 'run') == run) then
+      table.insert(out, id)
+    end
+  end
+  return out
+end
+local function forget(id)
+  redis.call('DEL', lkey(id))
+  redis.call('ZREM', p .. 'dead', id)
+  redis.call('ZREM', p .. 'unsettled', id)
+end
+"""
+
+# ARGV: prefix, now, id, attempts, reason, error -> the dead letter's id, or 0 when the receipt is stale
+DEAD_LETTER = (
+    COMMON
+    + LETTERS
+    + """
+local now, id, attempts, reason, err = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local m = mkey(id)
+if redis.call('HGET', m, 'attempts') ~= attempts or num(redis.call('HGET', m, 'lease')) == nil then return 0 end
+local f = redis.call('HGETALL', m)
+local msg = {}
+for i = 1, #f, 2 do msg[f[i]] = f[i + 1] end
+if err == '' then err = msg['err'] or '' end
+local letter = tostring(redis.call('INCR', p .. 'dseq'))
+redis.call('HSET', lkey(letter), 'mid', id, 'queue', msg['queue'], 'payload', msg['payload'], 'run', msg['run'],
+           'attempts', msg['attempts'], 'reason', reason, 'err', err, 'ff', msg['ff'] or '', 'lf', msg['lf'] or '',
+           'enq', msg['created'], 'dead', now)
+redis.call('ZADD', p .. 'dead', tonumber(letter), letter)
+if msg['run'] ~= '' then redis.call('ZADD', p .. 'unsettled', tonumber(letter), letter) end
+drop(id, msg['queue'])
+return tonumber(letter)
+"""
+)
+
+# ARGV: prefix, now, after, limit, queue ('' any), run ('' any), unsettled ('1': only those) -> letter ids
+LIST_LETTERS = (
+    COMMON
+    + LETTERS
+    + """
+local after, limit, queue, run = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local index = p .. 'dead'
+if ARGV[7] == '1' then index = p .. 'unsettled' end
+local out = {}
+local start = '(' .. after
+while #out < limit do
+  local ids = redis.call('ZRANGEBYSCORE', index, start, '+inf', 'LIMIT', 0, 100)
+  if #ids == 0 then break end
+  for _, id in ipairs(selected(ids, queue, run)) do
+    if #out < limit then table.insert(out, id) end
+  end
+  start = '(' .. ids[#ids]
+end
+return out
+"""
+)
+
+# ARGV: prefix, now, mode ('redrive' | 'purge' | 'settle'), queue ('' any), all ('1': every letter), id_1 .. id_n
+# -> the number of letters redriven, purged or settled. A redrive puts the message back due now, attempts reset.
+MOVE_LETTERS = (
+    COMMON
+    + LETTERS
+    + """
+local mode, queue = ARGV[3], ARGV[4]
+local ids = nil
+if ARGV[5] ~= '1' then ids = {} for i = 6, #ARGV do table.insert(ids, ARGV[i]) end end
+local n = 0
+for _, id in ipairs(selected(ids, queue, '')) do
+  if mode == 'settle' then
+    n = n + redis.call('ZREM', p .. 'unsettled', id)
+  else
+    if mode == 'redrive' then
+      local f = redis.call('HMGET', lkey(id), 'queue', 'payload', 'run')
+      insert(f[1], f[2], f[3], ARGV[2], '')
+    end
+    forget(id)
+    n = n + 1
+  end
 end
 return n
 """

@@ -12,6 +12,9 @@ exchanges and bindings) in Redis through this store, with the same semantics as 
   queues); ack, release, retry and extend act only while the receipt's attempt is the message's current one;
 * queue declarations (``x-expires``, ``x-message-ttl``, auto_delete), exchanges, bindings and live consumers are
   hashes and sorted sets, shared by every process; :meth:`RedisStore.gc` collects what nobody uses;
+* a message keeps its failure history (first and last failed delivery, last error: a lease that ran out, a retry
+  with an error); past its delivery limit, or rejected, it moves to the dead letters (``<prefix>d:<id>`` hashes
+  indexed by ``<prefix>dead``), the :class:`~celery_workflow.dead_letters.DeadLetterStore` of the SQL stores;
 * every insert and release publishes the queue's name on ``<prefix>changes``; one subscriber thread per process turns
   that into the change token waiters wait on.
 
@@ -28,10 +31,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
+from celery_workflow import codec, dead_letters
 from celery_workflow._backend.broker import Binding, QueuedMessage, claimed, parse_receipt
-from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
+from celery_workflow.dead_letters import DeadLetter
+from celery_workflow.errors import ConfigurationError, DeadLetterNotFound, WorldError, WorldUnavailable
 from celery_workflow.transport import redis_scripts as lua
 from celery_workflow.world import ClaimedDelivery, Delivery
 
@@ -47,6 +53,24 @@ log = logging.getLogger(__name__)
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
+
+
+def _error(text: str | None) -> str | None:
+    return None if text is None else codec.cut(text, dead_letters.MAX_ERROR)
+
+
+def _when(raw: bytes | None) -> datetime | None:
+    return None if not raw else datetime.fromtimestamp(int(raw) / 1_000_000, UTC)
+
+
+def _letter(letter_id: int, row: Mapping[bytes, bytes]) -> DeadLetter:
+    enqueued, died = _when(row[b"enq"]), _when(row[b"dead"])
+    assert enqueued is not None and died is not None
+    return DeadLetter(
+        letter_id, int(row[b"mid"]), row[b"queue"].decode(), row[b"run"].decode() or None, int(row[b"attempts"]),
+        row[b"reason"].decode(), row[b"err"].decode() or None, _when(row.get(b"ff")), _when(row.get(b"lf")),
+        enqueued, died, bytes(row[b"payload"]),
+    )  # fmt: skip
 
 
 class RedisStore:
@@ -74,6 +98,9 @@ class RedisStore:
                 "due": lua.DUE,
                 "drop": lua.DROP_QUEUES,
                 "expire": lua.EXPIRE,
+                "dead_letter": lua.DEAD_LETTER,
+                "list_letters": lua.LIST_LETTERS,
+                "move_letters": lua.MOVE_LETTERS,
             }.items()
         }
         self._cond = threading.Condition()
@@ -153,6 +180,7 @@ class RedisStore:
             len(names),
             *names,
             *("1" if q in no_ack else "0" for q in names),
+            dead_letters.LEASE_EXPIRED,
         )
         return [
             claimed(int(i), q.decode(), bytes(payload), int(a), run.decode() or None)
@@ -178,13 +206,13 @@ class RedisStore:
     def next_due(self, queues: Sequence[str]) -> float | None:
         return min(self.due_times(queues).values(), default=None)
 
-    def _settle(self, op: str, value: int, receipts: Sequence[str]) -> None:
+    def _settle(self, op: str, value: int, receipts: Sequence[str], error: str | None = None) -> None:
         args: list[Any] = []
         for receipt in receipts:
             row_id, attempts = parse_receipt(receipt)
             args += [row_id, attempts]
         if args:
-            self._script("settle", op, value, *args)
+            self._script("settle", op, value, _error(error) or "", *args)
 
     def ack(self, receipt: str) -> None:
         self._settle("ack", 0, [receipt])
@@ -193,8 +221,9 @@ class RedisStore:
         self._settle("release", 0, [receipt])
 
     def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
-        """Due again in ``delay`` seconds (control traffic keeps no failure history: ``error`` is not stored)."""
-        self._settle("later", self._now() + _us(max(delay, 0.0)), [receipt])
+        """Due again in ``delay`` seconds, recording a failed delivery (and ``error``, when given, as its last
+        error). No-op when the receipt is stale."""
+        self._settle("later", self._now() + _us(max(delay, 0.0)), [receipt], error)
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
         self._settle("extend", self._now() + _us(lease), receipts)
@@ -237,6 +266,60 @@ class RedisStore:
         keys = [*self._call("peek", self.redis.keys, self._key("due:*"))]
         keys += self._call("peek", self.redis.keys, self._key("held:*"))
         return sorted({k.decode()[len(self.prefix) :].split(":", 1)[1] for k in keys})
+
+    # -- dead letters (celery_workflow.dead_letters.DeadLetterStore) -------------------------------------------------
+
+    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
+        """Move the claimed message to the dead letters with its history (``error`` becomes its last error when
+        given); None when the receipt is stale."""
+        row_id, attempts = parse_receipt(receipt)
+        letter = int(self._script("dead_letter", row_id, attempts, reason, _error(error) or ""))
+        return self.get_dead_letter(letter) if letter else None
+
+    def _letters(self, ids: Sequence[bytes | int | str]) -> list[DeadLetter]:
+        pipe = self.redis.pipeline(transaction=False)
+        for letter in ids:
+            pipe.hgetall(self._key("d:", str(int(letter))))
+        rows = self._call("dead letters", pipe.execute) if ids else []
+        return [_letter(int(i), row) for i, row in zip(ids, rows, strict=True) if row]
+
+    def list_dead_letters(
+        self, *, queue: str | None = None, run_id: str | None = None, after: int | str = 0, limit: int = 100
+    ) -> list[DeadLetter]:
+        """Dead letters with ids above ``after``, oldest first (of ``queue`` / ``run_id`` when given)."""
+        after_id = dead_letters.letter_id(after)
+        if limit <= 0:
+            return []
+        ids = self._script("list_letters", after_id, limit, queue or "", run_id or "", "0")
+        return self._letters(ids)
+
+    def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
+        letters = self._letters([dead_letters.letter_id(letter_id)])
+        if not letters:
+            raise DeadLetterNotFound(f"no dead letter {letter_id}")
+        return letters[0]
+
+    def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
+        """Dead letters whose run has not been failed because of them yet, oldest first."""
+        return self._letters(self._script("list_letters", 0, max(limit, 0), "", "", "1")) if limit > 0 else []
+
+    def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
+        """Record that the runs of these dead letters have been dealt with."""
+        if ids:
+            self._move_letters("settle", ids, None)
+
+    def _move_letters(self, mode: str, ids: Sequence[int | str] | None, queue: str | None) -> int:
+        if ids is not None and not ids:
+            return 0
+        picked = [] if ids is None else [dead_letters.letter_id(i) for i in ids]
+        return int(self._script("move_letters", mode, queue or "", "1" if ids is None else "0", *picked))
+
+    def redrive_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
+        """Put the selected dead letters back on their queues, due now with attempts reset, and delete them."""
+        return self._move_letters("redrive", ids, queue)
+
+    def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
+        return self._move_letters("purge", ids, queue)
 
     # -- queues ------------------------------------------------------------------------------------------------------
 

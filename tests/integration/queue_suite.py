@@ -229,3 +229,45 @@ class QueueStoreSuite:
         assert queue.bindings() == []
         assert queue.drop_consumer("live-process", ["alive"]) == ["alive"]
         assert not queue.has_queue("alive")
+
+    def test_dead_letters_keep_the_failure_history_and_are_selected_exactly(self, queue: Any, clock: Clock) -> None:
+        """A message's failed deliveries (a retry with an error, a lease that ran out) travel with it to the dead
+        letters; listing filters by queue, run and cursor; only letters with a run wait to be settled; unknown ids
+        are a typed error, and a redrive or purge of them moves nothing."""
+        from celery_workflow.errors import DeadLetterNotFound
+
+        queue.enqueue([Delivery("a", b"with run", run_id="wrun_1"), Delivery("b", b"no run")])
+        first = {c.payload: c for c in queue.claim(["a", "b"], limit=2, lease=10)}
+        queue.retry_later(first[b"no run"].receipt, 0, error="boom " * 5000)
+        clock.advance(30)  # the first claim's lease runs out unacked
+        again = {c.payload: c for c in queue.claim(["a", "b"], limit=2, lease=10)}
+        assert set(again) == {b"with run", b"no run"}
+        letter_a = queue.dead_letter(again[b"with run"].receipt, reason="max-deliveries")
+        letter_b = queue.dead_letter(again[b"no run"].receipt, reason="rejected", error="rejected by its consumer")
+        assert queue.dead_letter(again[b"no run"].receipt, reason="rejected") is None  # stale: moved already
+        assert first[b"with run"].receipt != again[b"with run"].receipt and queue.peek() == []
+
+        assert (letter_a.attempts, letter_a.run_id, letter_a.payload) == (2, "wrun_1", b"with run")
+        assert "lease ran out" in (letter_a.last_error or "")
+        assert letter_a.first_failed_at == at(10) and letter_a.last_failed_at == at(10)
+        assert letter_b.last_error == "rejected by its consumer" and letter_b.first_failed_at == at(0)
+        assert letter_b.dead_at == at(30) and letter_b.enqueued_at == at(0)
+
+        ids = [letter_a.id, letter_b.id]
+        assert [d.id for d in queue.list_dead_letters()] == ids
+        assert [d.id for d in queue.list_dead_letters(queue="b")] == [letter_b.id]
+        assert [d.id for d in queue.list_dead_letters(run_id="wrun_1")] == [letter_a.id]
+        assert [d.id for d in queue.list_dead_letters(after=letter_a.id)] == [letter_b.id]
+        assert [d.id for d in queue.list_dead_letters(limit=1)] == [letter_a.id]
+        assert [d.id for d in queue.unsettled_dead_letters()] == [letter_a.id]
+        queue.settle_dead_letters([letter_a.id])
+        assert queue.unsettled_dead_letters() == []
+        with pytest.raises(DeadLetterNotFound):
+            queue.get_dead_letter(10_000_000)
+        with pytest.raises(DeadLetterNotFound):
+            queue.get_dead_letter("not-an-id")
+        assert queue.redrive_dead_letters([10_000_000]) == 0 and queue.purge_dead_letters([]) == 0
+        assert queue.redrive_dead_letters(queue="b") == 1
+        (back,) = queue.peek()
+        assert (back.queue, back.attempts, back.payload) == ("b", 0, b"no run")
+        assert queue.purge_dead_letters() == 1 and queue.list_dead_letters() == []
