@@ -439,6 +439,54 @@ def test_killed_pool_process_leads_to_redelivery(env: Env) -> None:
     wait_for(lambda: env.broker.messages("celery") == 0, 10, env.tail)
 
 
+def pool_children(pid: int) -> list[int]:
+    """Pids of the live (not zombie) children of process ``pid``, from /proc."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            except (OSError, ValueError):
+                continue
+            if int(ppid) == pid and state != "Z":
+                out.append(int(entry.name))
+    return sorted(out)
+
+
+def test_a_pool_whose_children_die_idle_goes_on(env: Env) -> None:
+    """An idle prefork child waits for its next job holding the lock of the pool's job pipe; SIGKILL every child of
+    ``w1`` (so the holder dies with it) and the worker must still run the next task (billiard's own pool never did:
+    the replacement children waited for that lock for ever)."""
+    main = env.procs[W1].pid
+    children = wait_for(lambda: pool_children(main) if len(pool_children(main)) == 2 else None, 15, env.tail)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: set(pool_children(main)).isdisjoint(children) and len(pool_children(main)) == 2, 15, env.tail)
+    env.send("record", "after-kill")
+    (record,) = wait_for(lambda: env.results("after-kill"), 20, env.tail)
+    assert record["hostname"] == W1 and record["pid"] not in children
+    assert b"died holding the pool's job lock" in env.log(W1).read_bytes()
+
+
+def test_sigterm_to_the_process_group_stops_a_worker_promptly(env: Env) -> None:
+    """systemd's default stop (``KillMode=control-group``) sends SIGTERM to every process of the worker: the pool
+    children die at once, the holder of the job pipe's lock among them; the main process must still finish its warm
+    shutdown (it used to wait for that lock in its exit handler for ever)."""
+    name = "term@cwtest"
+    env.start_worker(name, "--pool=prefork", "-c", "2", "-Q", "term")
+    env.wait_ready(name)
+    proc = env.procs.pop(name)
+    try:
+        wait_for(lambda: len(pool_children(proc.pid)) == 2, 15, lambda: env.tail(name))
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)  # a hang fails here (seconds otherwise)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, env.tail(name)
+
+
 def test_worker_heartbeats_reach_an_event_receiver_whose_queue_then_goes(env: Env) -> None:
     seen: list[dict[str, Any]] = []
 
