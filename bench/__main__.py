@@ -238,7 +238,19 @@ def report(results: list[Result], pgbench_tps: float) -> str:
     return "\n".join([*lines, "", *ratios])
 
 
+#: ``python -m bench --scenario NAME …``: the scenarios beside the default one (sequential runs), by module.
+SCENARIOS = {"claims": "bench.claims", "chaos": "bench.chaos"}
+
+
 def main() -> int:
+    scenario = argparse.ArgumentParser(add_help=False)
+    scenario.add_argument("--scenario", default="sequential", choices=["sequential", *SCENARIOS])
+    chosen, rest = scenario.parse_known_args()
+    if chosen.scenario != "sequential":
+        import importlib
+
+        entry: Any = importlib.import_module(SCENARIOS[chosen.scenario]).main
+        return int(entry(rest))
     p = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -251,6 +263,7 @@ def main() -> int:
     p.add_argument("--durability", default="delivery", choices=["delivery", "step"])
     p.add_argument("--pgbench-seconds", type=int, default=10)
     p.add_argument("--skip", action="append", default=[], choices=["dbos", "chain", "pgbench", "cw"])
+    p.add_argument("--scenario", default="sequential", help="sequential (this one), " + ", ".join(SCENARIOS))
     args = p.parse_args()
     logdir = Path(tempfile.mkdtemp(prefix="cw-bench-"))
     results: list[Result] = []

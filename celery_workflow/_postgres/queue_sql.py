@@ -73,11 +73,14 @@ SELECT {NOTIFY} FROM ins
 # A lease still set when a row is claimed again has run out: the delivery it covered failed.
 LEASE_EXPIRED_SQL = "'" + LEASE_EXPIRED.replace("'", "''") + "'"
 
+# The claim. The rows picked are then updated (or deleted) by id through ``id = ANY(ARRAY(…))``, an index lookup on
+# the primary key in every plan: joined to ``picked`` instead, the generic plan our sessions use
+# (``plan_cache_mode``) scanned the whole table once per claim, 100,000 sleeping rows costing 45 ms a claim.
 RECEIVE = f"""
 WITH picked AS (
-    SELECT c.id FROM unnest(%(queues)s::text[]) AS n(name)
+    SELECT c.id, c.queue FROM unnest(%(queues)s::text[]) AS n(name)
     CROSS JOIN LATERAL (
-        SELECT q.id, q.not_before FROM {Q} AS q
+        SELECT q.id, q.queue, q.not_before FROM {Q} AS q
         WHERE q.queue = n.name AND {CLAIMABLE}
         ORDER BY q.not_before, q.id LIMIT %(limit)s
         FOR UPDATE OF q SKIP LOCKED
@@ -88,10 +91,10 @@ WITH picked AS (
         first_failed_at = COALESCE(q.first_failed_at, q.lease_until),
         last_failed_at = COALESCE(q.lease_until, q.last_failed_at),
         last_error = CASE WHEN q.lease_until IS NULL THEN q.last_error ELSE {LEASE_EXPIRED_SQL} END
-    FROM picked WHERE q.id = picked.id AND q.queue <> ALL(%(no_ack)s::text[])
+    WHERE q.id = ANY(ARRAY(SELECT id FROM picked WHERE queue <> ALL(%(no_ack)s::text[])))
     RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id, q.not_before
 ), taken AS (
-    DELETE FROM {Q} AS q USING picked WHERE q.id = picked.id AND q.queue = ANY(%(no_ack)s::text[])
+    DELETE FROM {Q} AS q WHERE q.id = ANY(ARRAY(SELECT id FROM picked WHERE queue = ANY(%(no_ack)s::text[])))
     RETURNING q.id, q.queue, q.payload, q.attempts + 1, q.run_id, q.not_before
 )
 SELECT * FROM leased UNION ALL SELECT * FROM taken ORDER BY not_before, id
