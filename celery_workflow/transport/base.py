@@ -59,6 +59,7 @@ from kombu.transport.virtual import exchange as _exchange
 from celery_workflow import dead_letters
 from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetter
 from celery_workflow.errors import WorldError
+from celery_workflow.transport import prefork as _prefork
 from celery_workflow.transport.store import (
     BACKOFF_CAP,
     BindingRow,
@@ -729,17 +730,5 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             return None
 
 
-def _exit_safe_pool(sender: Any = None, **kwargs: Any) -> None:
-    """A worker on one of these transports runs the prefork pool that survives a child dying with a pipe lock
-    (:mod:`celery_workflow.transport.prefork`)."""
-    from celery_workflow.transport.prefork import use_exit_safe_pool
-
-    use_exit_safe_pool(sender, **kwargs)
-
-
-try:  # the transports serve Kombu users without Celery too
-    from celery import signals as _celery_signals
-except ImportError:  # pragma: no cover - Celery is a dependency of the package
-    pass
-else:
-    _celery_signals.worker_init.connect(_exit_safe_pool, weak=False, dispatch_uid="celery_workflow.exit_safe_pool")
+# a worker on these transports runs the prefork pool that survives a child dying with a pipe lock
+_prefork.connect()

@@ -18,7 +18,7 @@ never dies halfway through a message and leaves the pipe out of step. What remai
 between taking a lock and recording it (a lock with no recorded holder is never taken away).
 
 :func:`use_exit_safe_pool` puts :class:`TaskPool` in place of Celery's own prefork pool in a worker whose broker is
-one of our transports (the transports connect it to ``celery.signals.worker_init``), so ``celery worker`` and
+one of our transports (:func:`connect`, which the transports call, hands it ``celery.signals.worker_init``), so ``celery worker`` and
 ``--pool=prefork`` get it; another pool (``solo``, ``threads``, ``gevent``) or an event-loop transport is left as is.
 """
 
@@ -35,10 +35,11 @@ from typing import Any
 
 from billiard import pool as billiard_pool
 from billiard.queues import SimpleQueue
+from celery import signals
 from celery.concurrency import get_implementation
 from celery.concurrency import prefork as celery_prefork
 
-__all__ = ["ExitSafeBlockingPool", "GuardedQueue", "TaskPool", "use_exit_safe_pool"]
+__all__ = ["ExitSafeBlockingPool", "GuardedQueue", "TaskPool", "connect", "use_exit_safe_pool"]
 
 log = logging.getLogger(__name__)
 
@@ -223,3 +224,8 @@ def use_exit_safe_pool(sender: Any = None, **_: Any) -> None:
     if stock and isinstance(transport_cls, type) and issubclass(transport_cls, StoreTransport):
         worker.pool_cls = TaskPool
         log.debug("celery_workflow: prefork pool with dead-child lock recovery")
+
+
+def connect() -> None:
+    """Connect :func:`use_exit_safe_pool` to ``celery.signals.worker_init`` (once; the transports call it)."""
+    signals.worker_init.connect(use_exit_safe_pool, weak=False, dispatch_uid="celery_workflow.exit_safe_pool")
