@@ -85,7 +85,7 @@ def scratch_database(url: str, name: str) -> Iterator[str]:
 
 
 @contextmanager
-def worker(app: str, env: dict[str, str], pool: str, log: Path) -> Iterator[None]:
+def worker(app: str, env: dict[str, str], pool: str, log: Path, concurrency: int = 1) -> Iterator[None]:
     out = log.open("wb")
     proc = subprocess.Popen(
         [
@@ -96,7 +96,7 @@ def worker(app: str, env: dict[str, str], pool: str, log: Path) -> Iterator[None
             app,
             "worker",
             "-c",
-            "1",
+            str(concurrency),
             f"--pool={pool}",
             "--loglevel=WARNING",
             "--without-heartbeat",
@@ -239,7 +239,7 @@ def report(results: list[Result], pgbench_tps: float) -> str:
 
 
 #: ``python -m bench --scenario NAME …``: the scenarios beside the default one (sequential runs), by module.
-SCENARIOS = {"claims": "bench.claims", "chaos": "bench.chaos"}
+SCENARIOS = {"claims": "bench.claims", "chaos": "bench.chaos", "inflight": "bench.inflight"}
 
 
 def main() -> int:

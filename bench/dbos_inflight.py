@@ -1,0 +1,82 @@
+"""DBOS Transact side of ``python -m bench --scenario inflight``, in its own process:
+``python -m bench.dbos_inflight URL CLIENTS SECONDS WARMUP``.
+
+``CLIENTS`` threads each start the 10-step no-op workflow and wait for its result, back to back, for ``WARMUP +
+SECONDS``. Prints one JSON line: the latencies of the runs that ended in the measured window, how many ended in all,
+how many failed, and the commits and WAL flushes of the whole level.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+
+def main() -> None:
+    url, clients, seconds, warmup = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    from dbos import DBOS
+
+    DBOS(config={"name": "cw_bench_inflight", "system_database_url": url})
+
+    @DBOS.step()  # type: ignore[untyped-decorator]
+    def noop(i: int) -> int:
+        return i
+
+    @DBOS.workflow()  # type: ignore[untyped-decorator]
+    def chain(n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += noop(i)
+        return total
+
+    DBOS.launch()
+    DBOS.start_workflow(chain, 10).get_result()
+    from bench.pgstats import settled
+
+    before = settled(url)
+    start = time.monotonic()
+    measure_from, stop_at = start + warmup, start + warmup + seconds
+    latencies: list[float] = []
+    ended = [0, 0]
+    lock = threading.Lock()
+
+    def client() -> None:
+        while time.monotonic() < stop_at:
+            t0 = time.monotonic()
+            try:
+                DBOS.start_workflow(chain, 10).get_result()
+            except Exception:
+                with lock:
+                    ended[1] += 1
+                continue
+            t1 = time.monotonic()
+            with lock:
+                ended[0] += 1
+                if t0 >= measure_from and t1 <= stop_at:
+                    latencies.append(t1 - t0)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    delta = settled(url) - before
+    DBOS.destroy()
+    print(
+        json.dumps(
+            {
+                "latencies": latencies,
+                "total": ended[0],
+                "errors": ended[1],
+                "commits": delta.commits,
+                "wal_syncs": delta.wal_syncs,
+                "wal_writes": delta.wal_writes,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
