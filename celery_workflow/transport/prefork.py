@@ -3,34 +3,39 @@ of the pool's pipe locks.
 
 Our Kombu transports have no event loop, so a Celery worker runs them in its blocking loop, whose prefork pool is
 billiard's ``Pool``: one pipe carries the jobs to every child and one carries the results back, each guarded by a
-lock shared by the children. An idle child waits for its next job *holding* the read lock, blocked in the read. A
-child that dies there, or while writing a result (SIGKILL by the OOM killer or an operator, or SIGTERM to the
-worker's whole process group, as systemd's default ``KillMode=control-group`` stops a service, which pool children do
-not survive), never releases the lock: every other child, and each replacement the pool starts, waits for it for
-ever, so the worker takes messages it never runs, and on shutdown its main process waits for the lock in its exit
-handler, so it never exits (found by ``python -m bench.chaos``: warm shutdowns that took over 15 minutes).
+semaphore shared by the children. An idle child waits for its next job *holding* the read semaphore, blocked in the
+read. A child that dies there, or while writing a result (SIGKILL by the OOM killer or an operator; or SIGTERM to the
+worker's whole process group, as systemd's default ``KillMode=control-group`` stops a service, when the child's
+Python handler for it runs between taking the semaphore and the ``with`` that would give it back: pool children
+that ran a workflow have threads, so the signal lands in another thread and the handler runs at the main thread's
+next bytecode) never releases it: every other child, and each replacement the pool starts, waits for it for ever, so
+the worker takes messages it never runs, and on shutdown its main process waits for it in billiard's exit handler,
+so it never exits (found by ``python -m bench.chaos``: warm shutdowns that took over 15 minutes).
 
-Here each lock's holder is recorded in shared memory (its pid, written with the deadly signals blocked, so the
-record and the lock go together), and the main process releases a lock whose holder no longer exists: when it
-reaps dead children (every 0.1 s while the pool runs), while it waits for children to exit, and before its exit
-handler drains the job pipe. A child reads a job only once the pipe has one, with those signals blocked, so it
-never dies halfway through a message and leaves the pipe out of step. What remains: a SIGKILL in the few bytecodes
-between taking a lock and recording it (a lock with no recorded holder is never taken away).
+Here the two pipe locks are POSIX record locks (``lockf``) on unlinked files of their own, which the kernel
+releases when the process holding one ends, however it ends. A child reads a job only once the pipe has one, and
+writes a result whole, with the deadly signals deferred (blocked in its thread, their Python handlers replaced by a
+recorder, then raised again), so a message is never cut in half by a handler, and the pipes stay in step. Only with
+the fork start method (Celery's default on Linux); with spawn, billiard's own queues are used.
 
 :func:`use_exit_safe_pool` puts :class:`TaskPool` in place of Celery's own prefork pool in a worker whose broker is
-one of our transports (:func:`connect`, which the transports call, hands it ``celery.signals.worker_init``), so ``celery worker`` and
-``--pool=prefork`` get it; another pool (``solo``, ``threads``, ``gevent``) or an event-loop transport is left as is.
+one of our transports (:func:`connect`, which the transports call, hands it ``celery.signals.worker_init``), so
+``celery worker`` and ``--pool=prefork`` get it; another pool (``solo``, ``threads``, ``gevent``) or an event-loop
+transport is left as is.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from billiard import pool as billiard_pool
@@ -39,120 +44,115 @@ from celery import signals
 from celery.concurrency import get_implementation
 from celery.concurrency import prefork as celery_prefork
 
-__all__ = ["ExitSafeBlockingPool", "GuardedQueue", "TaskPool", "connect", "use_exit_safe_pool"]
+__all__ = ["ExitSafeBlockingPool", "GuardedQueue", "ProcessLock", "TaskPool", "connect", "use_exit_safe_pool"]
 
 log = logging.getLogger(__name__)
 
-#: Signals whose default action ends a pool child: blocked while a child takes or gives back a lock.
+#: Signals that end a pool child (by default or through billiard's handler): deferred while it moves a message.
 _DEADLY = frozenset(
     {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}
 )
-#: How long a child waits for a lock with those signals blocked before it lets them through, s.
-_TAKE_POLL = 0.25
-#: How often the main process looks for a dead holder while it waits for a lock or a child, s.
-_RECOVER_POLL = 0.25
-_READ, _WRITE = 0, 1
+#: How often a lock taken with a timeout is tried again, s.
+_RETRY = 0.01
 
 
 @contextmanager
-def _deadly_signals_blocked() -> Iterator[None]:
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _DEADLY)
+def _signals_deferred() -> Iterator[None]:
+    """Hold back the deadly signals for the block: blocked in this thread and, in the main thread, their Python
+    handlers replaced by a recorder; afterwards the handlers are put back and each signal that came is raised again.
+    (A signal whose action is the default and that the kernel hands to another thread still ends the process at
+    once; then the kernel releases its locks.)"""
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in _DEADLY:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                previous[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _DEADLY)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for signum in caught:
+            signal.raise_signal(signum)
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # a process of another user has the pid now: not ours, but we cannot tell; keep it
-        return True
-    return True
+class ProcessLock:
+    """A lock between processes that the kernel releases when its holder ends, whatever ends it: a POSIX record lock
+    on an unlinked file of its own, shared by the processes forked after it was made (unlike a semaphore, which a
+    process killed while holding it keeps for ever). Between the threads of one process it does not exclude."""
+
+    def __init__(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="celery-workflow-pool-", suffix=".lock")
+        os.unlink(path)
+        self._fd = fd
+
+    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
+        if block and timeout is None:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX)
+            return True
+        deadline = time.monotonic() + ((timeout or 0.0) if block else 0.0)
+        while True:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:  # EAGAIN / EACCES: another process holds it
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(_RETRY)
+
+    def release(self) -> None:
+        fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 class GuardedQueue(SimpleQueue):  # type: ignore[misc]
-    """billiard's locked pipe, whose read and write locks record their holder's pid in shared memory so that the
-    main process can release a lock a dead child held (:meth:`recover`)."""
+    """billiard's locked pipe with :class:`ProcessLock` locks, moving each message whole with the deadly signals
+    deferred."""
 
     def __init__(self, *, ctx: Any) -> None:
         super().__init__(ctx=ctx)
-        self._holders = ctx.RawArray("i", 2)  # pid holding the read lock, the write lock (0: none recorded)
-        self._recovering = threading.Lock()  # the main process's threads recover one at a time
-
-    def __getstate__(self) -> Any:  # the spawn start method sends the queue to each child
-        return (super().__getstate__(), self._holders)
-
-    def __setstate__(self, state: Any) -> None:
-        base, self._holders = state
-        super().__setstate__(base)
-        self._recovering = threading.Lock()
-
-    def _lock(self, which: int) -> Any:
-        return self._rlock if which == _READ else self._wlock
-
-    def _take(self, which: int) -> None:
-        lock = self._lock(which)
-        while True:
-            with _deadly_signals_blocked():  # taken and recorded together; a signal that came meanwhile ends us
-                if lock.acquire(True, _TAKE_POLL):  # after, with the holder recorded for the main process
-                    self._holders[which] = os.getpid()
-                    return
-
-    def _give(self, which: int) -> None:
-        with _deadly_signals_blocked():
-            self._holders[which] = 0
-            self._lock(which).release()
+        self._rlock = ProcessLock()
+        self._wlock = ProcessLock()
 
     def get_payload(self) -> bytes:
-        self._take(_READ)
-        try:
-            self._reader.poll(None)  # an idle child waits here: dying now leaves the pipe as it was
-            with _deadly_signals_blocked():  # a message is read whole or not at all
+        with self._rlock:
+            self._reader.poll(None)  # an idle child waits here: ending now leaves the pipe as it was
+            with _signals_deferred():
                 payload: bytes = self._reader.recv_bytes()
             return payload
-        finally:
-            self._give(_READ)
 
     def send_payload(self, value: bytes) -> None:
-        if self._wlock is None:
-            super().send_payload(value)
-            return
-        self._take(_WRITE)
-        try:
-            with _deadly_signals_blocked():
-                self._writer.send_bytes(value)
-        finally:
-            self._give(_WRITE)
+        with self._wlock, _signals_deferred():
+            self._writer.send_bytes(value)
 
-    def holder(self, which: int) -> int:
-        return int(self._holders[which])
-
-    def recover(self) -> list[int]:
-        """Release each lock whose recorded holder no longer exists (in the main process); the pids it was held by."""
-        freed = []
-        with self._recovering:
-            for which in (_READ, _WRITE):
-                pid = int(self._holders[which])
-                if pid and self._lock(which) is not None and not _exists(pid):
-                    self._holders[which] = 0
-                    self._lock(which).release()
-                    freed.append(pid)
-                    log.warning(
-                        "pool child %d died holding the pool's %s lock; released it, so the other children go on",
-                        pid,
-                        "job" if which == _READ else "result",
-                    )
-        return freed
+    def close(self) -> None:
+        super().close()
+        for lock in (self._rlock, self._wlock):
+            try:
+                lock.close()
+            except OSError:  # pragma: no cover - closed already
+                pass
 
 
 class ExitSafeBlockingPool(billiard_pool.Pool):  # type: ignore[misc]
-    """billiard's blocking pool over :class:`GuardedQueue` pipes, releasing the locks of dead children."""
+    """billiard's blocking pool over :class:`GuardedQueue` pipes (with the fork start method)."""
 
     def _setup_queues(self) -> None:
         super()._setup_queues()
+        if self._ctx.get_start_method() != "fork":
+            return
         self._inqueue = GuardedQueue(ctx=self._ctx)
         self._outqueue = GuardedQueue(ctx=self._ctx)
         self._quick_put = self._inqueue._writer.send
@@ -165,40 +165,6 @@ class ExitSafeBlockingPool(billiard_pool.Pool):  # type: ignore[misc]
             return False, None
 
         self._poll_result = _poll_result
-
-    def _recover_locks(self) -> None:
-        for queue in (self._inqueue, self._outqueue):
-            if isinstance(queue, GuardedQueue):
-                queue.recover()
-
-    def _join_exited_workers(self, shutdown: bool = False) -> Any:
-        try:
-            return super()._join_exited_workers(shutdown=shutdown)
-        finally:
-            self._recover_locks()
-
-    def join(self) -> None:
-        """billiard's join, except that while it waits for children it keeps releasing the locks of dead ones (a
-        child waiting for such a lock would never read its stop sentinel)."""
-        for p in list(self._pool):
-            if p._popen is None:
-                continue
-            while p.exitcode is None:
-                p.join(_RECOVER_POLL)
-                self._recover_locks()
-        super().join()
-
-    @staticmethod
-    def _help_stuff_finish(inqueue: Any, task_handler: Any, _pool: Any) -> None:
-        """Drain the job pipe (billiard's exit handler), taking its read lock only once it is free or its holder gone."""
-        if isinstance(inqueue, GuardedQueue):
-            while not inqueue._rlock.acquire(True, _RECOVER_POLL):
-                inqueue.recover()
-        else:  # pragma: no cover - billiard's own queue
-            inqueue._rlock.acquire()
-        while task_handler.is_alive() and inqueue._reader.poll():
-            inqueue._reader.recv()
-            time.sleep(0)
 
 
 class TaskPool(celery_prefork.TaskPool):  # type: ignore[misc]

@@ -465,7 +465,6 @@ def test_a_pool_whose_children_die_idle_goes_on(env: Env) -> None:
     env.send("record", "after-kill")
     (record,) = wait_for(lambda: env.results("after-kill"), 20, env.tail)
     assert record["hostname"] == W1 and record["pid"] not in children
-    assert b"died holding the pool's job lock" in env.log(W1).read_bytes()
 
 
 def test_sigterm_to_the_process_group_stops_a_worker_promptly(env: Env) -> None:
