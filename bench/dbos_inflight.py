@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-import time
+
+from bench.inflight import drive
 
 
 def main() -> None:
@@ -36,40 +36,17 @@ def main() -> None:
     from bench.pgstats import settled
 
     before = settled(url)
-    start = time.monotonic()
-    measure_from, stop_at = start + warmup, start + warmup + seconds
-    latencies: list[float] = []
-    ended = [0, 0]
-    lock = threading.Lock()
-
-    def client() -> None:
-        while time.monotonic() < stop_at:
-            t0 = time.monotonic()
-            try:
-                DBOS.start_workflow(chain, 10).get_result()
-            except Exception:
-                with lock:
-                    ended[1] += 1
-                continue
-            t1 = time.monotonic()
-            with lock:
-                ended[0] += 1
-                if t0 >= measure_from and t1 <= stop_at:
-                    latencies.append(t1 - t0)
-
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    latencies, total, errors = drive(
+        lambda: DBOS.start_workflow(chain, 10).get_result(), clients, seconds, warmup, "DBOS"
+    )
     delta = settled(url) - before
     DBOS.destroy()
     print(
         json.dumps(
             {
                 "latencies": latencies,
-                "total": ended[0],
-                "errors": ended[1],
+                "total": total,
+                "errors": errors,
                 "commits": delta.commits,
                 "wal_syncs": delta.wal_syncs,
                 "wal_writes": delta.wal_writes,
