@@ -24,7 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,28 +211,29 @@ def sqlite_store() -> Iterator[Any]:
             world.close()
 
 
+def grow(
+    world: str, sizes: Sequence[int], fill: Callable[[int], None], measure: Callable[[], ClaimCost], store: Any
+) -> list[ClaimCost]:
+    """Fill the queue table up to each size in turn (``fill(more_rows)``) and measure a claim there."""
+    out, have = [], 0
+    for size in sizes:
+        fill(size - have)
+        have = size
+        cost = measure()
+        cost.median_ms = timed_polls(store)
+        print(f"{world} {size:>9,} rows: {cost}", file=sys.stderr, flush=True)
+        out.append(cost)
+    return out
+
+
 def run(worlds: Sequence[str], sizes: Sequence[int], database_url: str) -> list[ClaimCost]:
     out = []
     if "postgres" in worlds:
         with pg_store(database_url) as (store, conn):
-            have = 0
-            for size in sizes:
-                pg_fill(conn, size - have)
-                have = size
-                cost = pg_claim_plan(conn)
-                cost.median_ms = timed_polls(store)
-                print(f"postgres {size:>9,} rows: {cost}", file=sys.stderr, flush=True)
-                out.append(cost)
+            out += grow("postgres", sizes, lambda n: pg_fill(conn, n), lambda: pg_claim_plan(conn), store)
     if "sqlite" in worlds:
         with sqlite_store() as store:
-            have = 0
-            for size in sizes:
-                sqlite_fill(store, size - have)
-                have = size
-                cost = sqlite_claim_cost(store)
-                cost.median_ms = timed_polls(store)
-                print(f"sqlite {size:>9,} rows: {cost}", file=sys.stderr, flush=True)
-                out.append(cost)
+            out += grow("sqlite", sizes, lambda n: sqlite_fill(store, n), lambda: sqlite_claim_cost(store), store)
     return out
 
 

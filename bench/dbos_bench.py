@@ -9,19 +9,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any
 
 
-def main() -> None:
-    url, runs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def launch(name: str, url: str) -> Any:
+    """DBOS configured on ``url`` with the no-op chain workflow registered, launched; the workflow."""
     from dbos import DBOS
 
-    DBOS(config={"name": "cw_bench", "system_database_url": url})
+    DBOS(config={"name": name, "system_database_url": url})
 
-    @DBOS.step()
+    @DBOS.step()  # type: ignore[untyped-decorator]
     def noop(i: int) -> int:
         return i
 
-    @DBOS.workflow()
+    @DBOS.workflow()  # type: ignore[untyped-decorator]
     def chain(n: int) -> int:
         total = 0
         for i in range(n):
@@ -29,6 +30,14 @@ def main() -> None:
         return total
 
     DBOS.launch()
+    return chain
+
+
+def main() -> None:
+    url, runs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    from dbos import DBOS
+
+    chain = launch("cw_bench", url)
     for _ in range(5):
         DBOS.start_workflow(chain, steps).get_result()  # warm-up
     from bench.pgstats import settled

@@ -18,20 +18,9 @@ def main() -> None:
     url, clients, seconds, warmup = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     from dbos import DBOS
 
-    DBOS(config={"name": "cw_bench_inflight", "system_database_url": url})
+    from bench.dbos_bench import launch
 
-    @DBOS.step()  # type: ignore[untyped-decorator]
-    def noop(i: int) -> int:
-        return i
-
-    @DBOS.workflow()  # type: ignore[untyped-decorator]
-    def chain(n: int) -> int:
-        total = 0
-        for i in range(n):
-            total += noop(i)
-        return total
-
-    DBOS.launch()
+    chain = launch("cw_bench_inflight", url)
     DBOS.start_workflow(chain, 10).get_result()
     from bench.pgstats import settled
 

@@ -59,7 +59,7 @@ from kombu.transport.virtual import exchange as _exchange
 from celery_workflow import dead_letters
 from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetter
 from celery_workflow.errors import WorldError
-from celery_workflow.transport import prefork as _prefork
+from celery_workflow.transport import pool_hook as _pool_hook
 from celery_workflow.transport.store import (
     BACKOFF_CAP,
     BindingRow,
@@ -731,4 +731,4 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
 
 
 # a worker on these transports runs the prefork pool that survives a child dying with a pipe lock
-_prefork.connect()
+_pool_hook.connect()

@@ -18,10 +18,9 @@ writes a result whole, with the deadly signals deferred (blocked in its thread, 
 recorder, then raised again), so a message is never cut in half by a handler, and the pipes stay in step. Only with
 the fork start method (Celery's default on Linux); with spawn, billiard's own queues are used.
 
-:func:`use_exit_safe_pool` puts :class:`TaskPool` in place of Celery's own prefork pool in a worker whose broker is
-one of our transports (:func:`connect`, which the transports call, hands it ``celery.signals.worker_init``), so
-``celery worker`` and ``--pool=prefork`` get it; another pool (``solo``, ``threads``, ``gevent``) or an event-loop
-transport is left as is.
+:mod:`celery_workflow.transport.pool_hook` puts :class:`TaskPool` in place of Celery's own prefork pool in a worker
+whose broker is one of our transports, so ``celery worker`` and ``--pool=prefork`` get it; another pool (``solo``,
+``threads``, ``gevent``) or an event-loop transport is left as is.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import os
 import signal
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -40,11 +38,9 @@ from typing import Any
 
 from billiard import pool as billiard_pool
 from billiard.queues import SimpleQueue
-from celery import signals
-from celery.concurrency import get_implementation
 from celery.concurrency import prefork as celery_prefork
 
-__all__ = ["ExitSafeBlockingPool", "GuardedQueue", "ProcessLock", "TaskPool", "connect", "use_exit_safe_pool"]
+__all__ = ["ExitSafeBlockingPool", "GuardedQueue", "ProcessLock", "TaskPool"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +48,6 @@ log = logging.getLogger(__name__)
 _DEADLY = frozenset(
     {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}
 )
-#: How often a lock taken with a timeout is tried again, s.
-_RETRY = 0.01
 
 
 @contextmanager
@@ -90,19 +84,12 @@ class ProcessLock:
         os.unlink(path)
         self._fd = fd
 
-    def acquire(self, block: bool = True, timeout: float | None = None) -> bool:
-        if block and timeout is None:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX)
-            return True
-        deadline = time.monotonic() + ((timeout or 0.0) if block else 0.0)
-        while True:
-            try:
-                fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except OSError:  # EAGAIN / EACCES: another process holds it
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(_RETRY)
+    def acquire(self, block: bool = True) -> bool:
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX if block else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # not blocking, and another process holds it
+            return False
+        return True
 
     def release(self) -> None:
         fcntl.lockf(self._fd, fcntl.LOCK_UN)
@@ -149,49 +136,22 @@ class GuardedQueue(SimpleQueue):  # type: ignore[misc]
 class ExitSafeBlockingPool(billiard_pool.Pool):  # type: ignore[misc]
     """billiard's blocking pool over :class:`GuardedQueue` pipes (with the fork start method)."""
 
+    _inqueue: Any
+    _outqueue: Any
+
     def _setup_queues(self) -> None:
-        super()._setup_queues()
+        super()._setup_queues()  # its _poll_result reads self._outqueue and self._quick_get when called
         if self._ctx.get_start_method() != "fork":
             return
+        for stock in (self._inqueue, self._outqueue):
+            stock.close()
         self._inqueue = GuardedQueue(ctx=self._ctx)
         self._outqueue = GuardedQueue(ctx=self._ctx)
         self._quick_put = self._inqueue._writer.send
         self._quick_get = self._outqueue._reader.recv
-        outqueue = self._outqueue
-
-        def _poll_result(timeout: float) -> tuple[bool, Any]:
-            if outqueue._reader.poll(timeout):
-                return True, outqueue._reader.recv()
-            return False, None
-
-        self._poll_result = _poll_result
 
 
 class TaskPool(celery_prefork.TaskPool):  # type: ignore[misc]
     """Celery's prefork pool (``--pool=prefork``) with :class:`ExitSafeBlockingPool` as its blocking pool."""
 
     BlockingPool = ExitSafeBlockingPool
-
-
-def use_exit_safe_pool(sender: Any = None, **_: Any) -> None:
-    """``celery.signals.worker_init`` receiver: a worker on one of our transports (no event loop) that would run
-    Celery's prefork pool runs :class:`TaskPool` instead."""
-    from celery_workflow.transport.base import StoreTransport
-
-    worker = sender
-    conninfo = getattr(worker, "_conninfo", None)
-    if conninfo is None or getattr(worker, "use_eventloop", True):
-        return
-    try:
-        transport_cls = conninfo.get_transport_cls()
-        stock = get_implementation(worker.pool_cls) is celery_prefork.TaskPool
-    except Exception:  # an unknown pool or transport: Celery reports it itself
-        return
-    if stock and isinstance(transport_cls, type) and issubclass(transport_cls, StoreTransport):
-        worker.pool_cls = TaskPool
-        log.debug("celery_workflow: prefork pool with dead-child lock recovery")
-
-
-def connect() -> None:
-    """Connect :func:`use_exit_safe_pool` to ``celery.signals.worker_init`` (once; the transports call it)."""
-    signals.worker_init.connect(use_exit_safe_pool, weak=False, dispatch_uid="celery_workflow.exit_safe_pool")
