@@ -57,6 +57,7 @@ from celery_workflow.errors import (
 from celery_workflow.events import Event, RunStatus, RunView, StepView
 from celery_workflow.ids import isoformat
 from celery_workflow.runtime.context import WebhookRequest
+from celery_workflow.runtime.continuation import continued_as
 
 try:
     from flask import Blueprint, Flask, Response, current_app, request
@@ -225,7 +226,11 @@ class _Methods:
     def get_run(self, p: GetRunParams) -> dict[str, Any]:
         world = self.wf.world
         view = world.wait_for_terminal(p.run_id, p.wait) if p.wait > 0 else world.get_run(p.run_id)
-        return {"run": run_json(view)}
+        run = run_json(view)
+        successor = continued_as(world, view)
+        if successor is not None:
+            run["continued_as"] = successor  # the run handed over to it (continue_as_new): its result is the chain's
+        return {"run": run}
 
     def list_runs(self, p: ListRunsParams) -> dict[str, Any]:
         """A page of at most ``limit`` runs and at most :data:`MAX_RESPONSE` bytes: a page over it is asked again

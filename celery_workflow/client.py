@@ -27,6 +27,7 @@ from celery_workflow.errors import (
     WorldError,
 )
 from celery_workflow.events import Event, RunStatus, RunView, StepView
+from celery_workflow.runtime.continuation import continued_as
 
 if TYPE_CHECKING:
     from celery_workflow.runtime.handlers import Runtime
@@ -64,9 +65,30 @@ class Run(Generic[R]):
     def created_at(self) -> datetime:
         return self.view().created_at
 
-    def result(self, timeout: float | None = None) -> R:
-        """Wait for the run to end; return its output or raise WorkflowFailed / RunCancelled / ResultTimeout."""
-        view: RunView = self._world.wait_for_terminal(self.id, timeout)
+    def result(self, timeout: float | None = None, *, follow: bool = True) -> R:
+        """Wait for the run to end; return its output or raise WorkflowFailed / RunCancelled / ResultTimeout.
+
+        A run that handed over (``continue_as_new``) is followed to its successors' end (``follow=False``: its own
+        output, None); the errors then name the run of the chain that failed or was cancelled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run_id = self.id
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            view: RunView = self._world.wait_for_terminal(run_id, left)
+            successor = continued_as(self._world, view)
+            if successor is None:
+                return self._outcome(view, timeout)
+            if not follow:
+                none: R = None  # type: ignore[assignment]  # a run that handed over has no output of its own
+                return none
+            run_id = successor
+
+    @property
+    def continued_as(self) -> str | None:
+        """The run this one handed over to with ``continue_as_new``, if it did."""
+        return continued_as(self._world, self.view())
+
+    def _outcome(self, view: RunView, timeout: float | None) -> R:
         if view.status is RunStatus.COMPLETED:
             returns = self._returns
             if returns is _ANY:
@@ -75,10 +97,10 @@ class Run(Generic[R]):
             value: R = codec.from_json(view.output, returns) if returns is not _ANY else view.output
             return value
         if view.status is RunStatus.FAILED:
-            raise WorkflowFailed(run_id=self.id, error=dict(view.error or {}))
+            raise WorkflowFailed(run_id=view.run_id, error=dict(view.error or {}))
         if view.status is RunStatus.CANCELLED:
-            raise RunCancelled(run_id=self.id)
-        raise ResultTimeout(f"run {self.id} is still {view.status} after {timeout} s")
+            raise RunCancelled(run_id=view.run_id)
+        raise ResultTimeout(f"run {view.run_id} is still {view.status} after {timeout} s")
 
     def cancel(self, reason: str | None = None) -> None:
         """Cancel the run: no further steps start; a step already running may still finish."""
@@ -257,21 +279,26 @@ class HTTPRun:
     def workflow_name(self) -> str:
         return str(self.view()["workflow_name"])
 
-    def result(self, timeout: float | None = None) -> Any:
-        """Wait for the run to end (long-polling); return its output or raise like :meth:`Run.result`."""
+    def result(self, timeout: float | None = None, *, follow: bool = True) -> Any:
+        """Wait for the run to end (long-polling); return its output or raise like :meth:`Run.result` (following
+        the runs it handed over to, unless ``follow=False``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        current = self
         while True:
             left = 25.0 if deadline is None else max(0.0, min(25.0, deadline - time.monotonic()))
-            run = self.view(wait=left)
+            run = current.view(wait=left)
             status = RunStatus(run["status"])
+            if status is RunStatus.COMPLETED and follow and run.get("continued_as"):
+                current = HTTPRun(self._client, str(run["continued_as"]))
+                continue
             if status is RunStatus.COMPLETED:
                 return run["output"]
             if status is RunStatus.FAILED:
-                raise WorkflowFailed(run_id=self.id, error=dict(run["error"] or {}))
+                raise WorkflowFailed(run_id=current.id, error=dict(run["error"] or {}))
             if status is RunStatus.CANCELLED:
-                raise RunCancelled(run_id=self.id)
+                raise RunCancelled(run_id=current.id)
             if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"run {self.id} is still {status} after {timeout} s")
+                raise ResultTimeout(f"run {current.id} is still {status} after {timeout} s")
 
     def cancel(self, reason: str | None = None) -> None:
         self._client.cancel(self.id, reason)

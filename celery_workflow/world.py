@@ -106,11 +106,15 @@ class NewRun:
     workflow_name: str
     input: Any  # JSON: {"args": [...], "kwargs": {...}}
     queue: str | None = None
+    #: the run this one continues (``continue_as_new``); recorded in its ``run_created``
+    continues: str | None = None
 
     def event_data(self) -> dict[str, Any]:
         data: dict[str, Any] = {"workflow_name": self.workflow_name, "input": self.input}
         if self.queue is not None:
             data["queue"] = self.queue
+        if self.continues is not None:
+            data["continues"] = self.continues
         return data
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from celery_workflow import codec
 from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, InvalidWebhookResponse, StepFailed
@@ -91,6 +91,19 @@ def sleep(duration: float | timedelta) -> None:
     """Suspend the run for ``duration`` (seconds or a timedelta). Durable: no worker waits meanwhile."""
     seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
     _require_replay("sleep").sleep(seconds)
+
+
+def continue_as_new(*args: Any, **kwargs: Any) -> NoReturn:
+    """End this run and start its successor, the same workflow called with ``args``/``kwargs`` and a fresh event log.
+
+    For loops that run for weeks: a delivery replays its run's whole log, so a run's cost per delivery grows with
+    its length; handing over every few hundred iterations keeps it flat. The run completes with no output and
+    ``continued_as`` naming the successor (``Run.result()`` follows the chain to the last run's result). The
+    successor's id is the first run's id with ``~N`` appended (N counting the hand-overs), so each hand-over
+    happens once however often this delivery is retried, and the successor starts only once this run's completion
+    is written. Hooks, sleeps and steps this run did not wait for end with it; pass on what the successor needs.
+    """
+    raise _require_replay("continue_as_new").continue_as_new(args, kwargs)
 
 
 def now() -> datetime:

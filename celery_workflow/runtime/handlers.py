@@ -36,9 +36,9 @@ from celery_workflow.errors import (
     WebhookUsed,
     WorldError,
 )
-from celery_workflow.events import Event, EventType, HookView, NewEvent, RunView
+from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
-from celery_workflow.runtime import steps
+from celery_workflow.runtime import continuation, steps
 from celery_workflow.runtime.context import WebhookRequest, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import Outcome, Replay, Restart
@@ -223,6 +223,18 @@ class Runtime:
                 return "missing"
             if run.status.terminal:
                 return "ended"
+            predecessor = continuation.predecessor_of(events[0]) if run.status is RunStatus.PENDING else None
+            if predecessor is not None:
+                verdict = continuation.gate(self.world, run, predecessor)
+                if verdict == "wait":
+                    self.world.enqueue([self.wake_delivery(run, not_before=self.clock() + continuation.CHECK_AFTER)])
+                    return "waiting"
+                if verdict == "orphan":
+                    try:
+                        self.cancel(run_id, f"its predecessor {predecessor} ended without handing over to it")
+                    except RunTerminal:
+                        pass
+                    return "ended"
             wdef = self.registry.workflow(run.workflow_name)
             effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
             replay = Replay(
@@ -258,6 +270,8 @@ class Runtime:
         if outcome.kind == "failed":
             replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)
             return "failed"
+        if outcome.kind == "continued":
+            return self._hand_over(run, replay, outcome.output)
         if outcome.kind == "diverged":
             message = str((outcome.error or {}).get("message", "replay divergence"))
             if attempt <= self.divergence_retries:
@@ -280,6 +294,42 @@ class Runtime:
         elif deliveries or replay.pending_deliveries:
             self.world.enqueue([*replay.pending_deliveries, *deliveries])
         return "suspended"
+
+    def _hand_over(self, run: RunView, replay: Replay, successor_input: Any) -> str:
+        """Create the successor (gated: only a check delivery), then complete this run naming it, with its wake-up
+        (see :mod:`.continuation`). A successor id already taken by other arguments (an earlier attempt of this
+        delivery that replayed differently and never completed) is cancelled and the next id used."""
+        queue = run.queue or self.default_queue
+        for skip in range(MAX_RESTARTS):
+            succ = continuation.successor_id(run.run_id, skip=skip)
+            check = self.dispatcher.workflow_delivery(
+                succ,
+                run.workflow_name,
+                queue,
+                not_before=self.clock() + continuation.CHECK_AFTER,
+                idempotency_key="check",
+            )
+            new = NewRun(succ, run.workflow_name, successor_input, run.queue, continues=run.run_id)
+            try:
+                view, created = self.world.create_run(new, [check])
+            except EntityExists:
+                continue  # the id belongs to another workflow's run
+            if created or (view.input == successor_input and view.status is RunStatus.PENDING):
+                break
+            if view.status is RunStatus.PENDING:
+                try:
+                    self.cancel(succ, f"superseded: run {run.run_id} handed over to another successor")
+                except RunTerminal:
+                    pass
+        else:
+            raise WorldError(f"run {run.run_id}: no free successor id after {MAX_RESTARTS} tries")
+        wake = self.dispatcher.workflow_delivery(
+            succ, run.workflow_name, queue, not_before=None, idempotency_key="wake"
+        )
+        data = {"output": None, "continued_as": succ, "continued_with": successor_input}
+        done = NewEvent(EventType.RUN_COMPLETED, None, data)
+        replay.write([done], [wake], final=True)
+        return "continued"
 
     # -- step deliveries -------------------------------------------------------------------------------------------
 

@@ -239,10 +239,11 @@ def _time(obj: Mapping[str, Any], where: str) -> datetime:
 class ReplayResult:
     """What the code produced against the history (equal to what the history records, or replay_history raised).
 
-    ``output``: the JSON output of a completed run; ``error``: ``{"type", "message", "traceback"}`` of a failed one.
+    ``output``: the JSON output of a completed run, or the JSON input a run that continued as new hands to its
+    successor; ``error``: ``{"type", "message", "traceback"}`` of a failed one.
     """
 
-    status: Literal["completed", "failed", "suspended"]
+    status: Literal["completed", "failed", "suspended", "continued"]
     output: Any = None
     error: Mapping[str, Any] | None = None
 
@@ -338,6 +339,10 @@ def _compare(where: str, history: History, result: ReplayResult) -> None:
     elif end.event_type is EventType.RUN_CANCELLED:
         recorded = f"run_cancelled at slot {end.slot}"
         same = result.status == "suspended"
+    elif end.event_type is EventType.RUN_COMPLETED and "continued_as" in end.data:
+        handed = end.data.get("continued_with")
+        recorded = f"run_completed at slot {end.slot} handing over to {end.data['continued_as']} with {_json(handed)}"
+        same = result.status == "continued" and _canonical(result.output) == _canonical(handed)
     elif end.event_type is EventType.RUN_COMPLETED:
         output = end.data.get("output")
         recorded = f"run_completed at slot {end.slot} with output {_json(output)}"
@@ -366,6 +371,8 @@ def _got(kind: str, output: Any, error: Mapping[str, Any] | None) -> str:
     if kind == "failed":
         err = error or {}
         return f"fails with {err.get('type')}: {err.get('message')}"
+    if kind == "continued":
+        return f"continues as new with {_json(output)}"
     return "suspends"
 
 

@@ -96,6 +96,16 @@ def test_sequential_steps(app: ModuleType, worker: Worker) -> None:
     assert event_counts(run)["step_completed"] == 5
 
 
+def test_continue_as_new_hands_over_to_fresh_runs(app: ModuleType, worker: Worker) -> None:
+    run = app.counting.start(8)
+    assert run.result(timeout=30) == 28
+    chain = [run.id]
+    while (successor := app.wf.get_run(chain[-1]).continued_as) is not None:
+        chain.append(successor)
+    assert chain == [run.id, f"{run.id}~1", f"{run.id}~2"]
+    assert [event_counts(app.wf.get_run(r))["step_completed"] for r in chain] == [3, 3, 2]
+
+
 def test_retries(app: ModuleType, worker: Worker) -> None:
     run = app.retrying.start(2)
     assert run.result(timeout=30) == 3

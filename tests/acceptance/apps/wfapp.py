@@ -16,6 +16,7 @@ from celery_workflow import (
     FatalError,
     StepFailed,
     Workflows,
+    continue_as_new,
     create_hook,
     gather,
     get_writable,
@@ -55,6 +56,16 @@ def flaky(fail_times: int) -> int:
     if attempt <= fail_times:
         raise RuntimeError(f"attempt {attempt} fails")
     return attempt
+
+
+@wf.workflow
+def counting(n: int, done: int = 0, total: int = 0, chunk: int = 3) -> int:
+    """Adds 0..n-1 with a step each, handing over to a fresh run every ``chunk`` additions."""
+    for i in range(done, n):
+        total = add(total, i)
+        if (i + 1) % chunk == 0 and i + 1 < n:
+            continue_as_new(n, i + 1, total, chunk)
+    return total
 
 
 @wf.workflow
