@@ -563,6 +563,8 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             wait = min(wait, self._next_due(queues) - time.time(), self._until_maintenance())
             # changes since the last poll (even those before this call) end the wait at once
             token = self._token if self._token is not None else self.change_token(queues)
+            if self.consumable_queues() != queues:
+                continue  # a consumer got room meanwhile (an ack in the pool's result thread): look again
             if self.wait_for_change(token, min(max(wait, MIN_WAIT), STOP_CHECK)):
                 self._dirty = True
 

@@ -163,32 +163,30 @@ def close_store(url: str) -> None:
 class Channel(StoreChannel):
     """Postgres channel: :class:`~celery_workflow.transport.base.StoreChannel` plus a local wake-up on acks.
 
-    An ack or reject that frees prefetch room wakes this process's consumer at once (it may be waiting for
-    notifications of its other queues, e.g. the pidbox, while its task queue was full); no NOTIFY is sent.
+    An ack or reject of a consuming channel wakes this process's consumer at once (it may be waiting for
+    notifications of its other queues, e.g. the pidbox, while its task queue was full); no NOTIFY is sent, only an
+    in-process condition is signalled. Every ack wakes it, not only one that frees a full prefetch window as seen
+    from the acking thread: the pool's result thread acks while the consumer thread delivers, and a window judged
+    not full before the ack could be full a moment later in the consumer's eyes, which then slept a whole wait
+    (200 ms) with room to spare.
     """
 
-    def _full(self) -> bool:
-        qos = self._qos
-        return qos is not None and not qos.can_consume()
-
-    def _wake_if(self, full: bool) -> None:
+    def _wake(self) -> None:
         transport = self.connection  # None once the channel is closed (e.g. an ack after a lost connection)
-        if full and transport is not None:
+        if transport is not None and self._consumers:
             transport.wake()
 
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
-        full = self._full()
         try:
             super().basic_ack(delivery_tag, multiple)
         finally:
-            self._wake_if(full)
+            self._wake()
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
-        full = self._full()
         try:
             super().basic_reject(delivery_tag, requeue)
         finally:
-            self._wake_if(full)
+            self._wake()
 
 
 class Transport(StoreTransport):

@@ -210,6 +210,47 @@ def test_an_ack_that_frees_prefetch_room_wakes_the_consumer(connect: Callable[..
     assert [b["n"] for b, _ in got] == [1, 2]
 
 
+def test_room_freed_while_the_consumer_looks_is_taken_without_waiting(
+    connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room that appears after the consumer found its window full but before it waits (an ack in the pool's result
+    thread whose wake-up it cannot see) is noticed: it looks again rather than sleeping with room to spare."""
+    conn = connect(**SLOW_POLLING)
+    transport = conn.transport
+    waits: list[float] = []
+    original_wait = transport.wait_for_change
+
+    def wait(token: Any, timeout: float) -> bool:
+        waits.append(timeout)
+        return bool(original_wait(token, timeout))
+
+    monkeypatch.setattr(transport, "wait_for_change", wait)
+    got: list[Any] = []
+    channel = conn.channel()
+    channel.basic_qos(0, 1, False)
+    with Consumer(channel, [Queue("window")], callbacks=[collector(got, ack=False)], accept=["json"]):
+        producer = Producer(connect().channel())
+        producer.publish({"n": 1}, routing_key="window")
+        producer.publish({"n": 2}, routing_key="window")
+        drain(conn, lambda: len(got) == 1)
+        original_queues = transport.consumable_queues
+        freed: list[bool] = []
+
+        def queues_then_room() -> list[str]:
+            found = original_queues()
+            if not freed and "window" not in found:
+                freed.append(True)
+                channel.qos.ack(got[0][1].delivery_tag)  # room, with no wake-up signalled
+            return found
+
+        monkeypatch.setattr(transport, "consumable_queues", queues_then_room)
+        waits.clear()
+        conn.drain_events(timeout=20)
+        assert freed and waits == []  # message 2 came without a single wait
+        got[1][1].ack()
+    assert [b["n"] for b, _ in got] == [1, 2]
+
+
 def test_consumers_survive_terminated_backends(
     connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
 ) -> None:
