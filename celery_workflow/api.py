@@ -524,6 +524,23 @@ def rpc_blueprint(
     return bp
 
 
+def inspector_blueprint(
+    wf: Workflows,
+    *,
+    authorize: Authorize | None = None,
+    allow_actions: bool = False,
+    name: str = "celery_workflow_inspector",
+) -> Blueprint:
+    """The run inspector in the browser (:mod:`celery_workflow.inspector`): runs, a run's timeline, events, streams
+    with a live tail, dead letters, and POST actions (cancel, resume a hook, redrive). ``authorize(request, action)``
+    guards every page (``"view"``), token reveals (``"reveal_token"``) and the actions (``"cancel"``,
+    ``"resume_hook"``, ``"redrive"``), with the same answers as :func:`rpc_blueprint`'s (401 / 403). Without it the
+    pages are open and the inspector is read-only (reveals and actions get 403) unless ``allow_actions=True``."""
+    from celery_workflow.inspector import blueprint as make
+
+    return make(wf, authorize=authorize, allow_actions=allow_actions, name=name)
+
+
 def webhook_blueprint(
     wf: Workflows,
     *,

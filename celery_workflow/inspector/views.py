@@ -1,0 +1,362 @@
+"""The inspector's blueprint and its pages: the runs list, a run, a stream, the live tail and the dead letters.
+
+Every page reads the World through its protocol only (``list_runs``, ``get_run``, ``list_events``, ``list_steps``,
+``list_waits``, ``list_hooks``, ``list_streams``, ``read_stream``) and the dead letters through
+:func:`~celery_workflow.dead_letters.dead_letter_store`, so it works on every World. Bad query parameters get a 400
+page, an unknown run a 404 page, an unreachable World a 503 page; the POST actions are in :mod:`.actions`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, Response, render_template, request, url_for
+
+from celery_workflow.dead_letters import DeadLetter, dead_letter_store
+from celery_workflow.errors import (
+    CeleryWorkflowError,
+    ConfigurationError,
+    DeadLetterNotFound,
+    EventConflict,
+    NotFound,
+    PayloadTooLarge,
+    WorldError,
+)
+from celery_workflow.events import RunStatus, RunView
+from celery_workflow.ids import utcnow
+from celery_workflow.inspector import guard, model
+from celery_workflow.world import StreamPage, World
+
+if TYPE_CHECKING:
+    from celery_workflow.app import Workflows
+
+TEMPLATES = "celery_workflow_inspector"
+RUNS_PAGE = 50
+MAX_RUNS_PAGE = 200
+EVENTS_PAGE = 100
+CHUNKS_PAGE = 100
+MAX_STREAMS = 20
+LETTERS_PAGE = 100
+MAX_INT64 = 2**63 - 1
+#: The longest a live tail answer streams before it ends (the browser's EventSource then reconnects where it was).
+TAIL_LIFETIME = 60.0
+#: How long one read of the World waits for a new chunk before the tail looks at the run again.
+TAIL_POLL = 0.5
+#: A comment line is sent when nothing else was for this long (keeps proxies from closing the connection).
+HEARTBEAT = 15.0
+_DIGITS = re.compile(r"[0-9]{1,19}")
+TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 409: "Conflict"}
+
+
+class Problem(Exception):
+    """A request the inspector answers with an error page (status, one-line title, message)."""
+
+    def __init__(self, status: int, message: str, title: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.title = title or TITLES.get(status, "Error")
+        self.extra = extra
+
+
+def problem_of(exc: CeleryWorkflowError) -> Problem:
+    """The error page for a celery_workflow error raised while serving a page or an action."""
+    if isinstance(exc, (NotFound, DeadLetterNotFound)):
+        return Problem(404, exc.message)
+    if isinstance(exc, PayloadTooLarge):
+        return Problem(413, exc.message, "Too large")
+    if isinstance(exc, EventConflict):
+        return Problem(409, exc.message)
+    if isinstance(exc, WorldError):
+        return Problem(503, exc.message, "The World is unavailable")
+    return Problem(400, exc.message)  # bad input: a payload that cannot be encoded, an invalid event, a bad setting
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    tail_lifetime: float = TAIL_LIFETIME
+    tail_poll: float = TAIL_POLL
+
+
+class Inspector:
+    """What the views share: the Workflows, the guard and the settings."""
+
+    def __init__(self, wf: Workflows, access: guard.Guard, settings: Settings) -> None:
+        self.wf = wf
+        self.guard = access
+        self.settings = settings
+
+    @property
+    def world(self) -> World:
+        return self.wf.world
+
+    def check(self, action: str) -> None:
+        denied = self.guard.denial(action)
+        if denied is not None:
+            raise Problem(*denied)
+
+    def page(self, template: str, status: int = 200, **context: Any) -> Response:
+        allowed: dict[str, bool] = {}
+
+        def can(action: str) -> bool:
+            if action not in allowed:
+                allowed[action] = self.guard.allows(action)
+            return allowed[action]
+
+        html = render_template(
+            f"{TEMPLATES}/{template}",
+            can=can,
+            csrf_field=guard.FIELD,
+            csrf_token=guard.csrf_token,
+            nonce=guard.nonce,
+            now=utcnow(),
+            show_time=model.show_time,
+            show_duration=model.show_duration,
+            show_relative=model.show_relative,
+            show_json=model.show_json,
+            show_chunk=model.show_chunk,
+            error_text=model.error_text,
+            event_data=model.event_data,
+            **context,
+        )
+        return Response(html, status=status, mimetype="text/html")
+
+    def problem(self, exc: Problem) -> Response:
+        return self.page(
+            "error.html", exc.status, title=exc.title, message=exc.message, status_code=exc.status, **exc.extra
+        )
+
+
+# -- query parameters -------------------------------------------------------------------------------------------------
+
+
+def text_arg(name: str, max_length: int = 200) -> str | None:
+    value = request.args.get(name)
+    if value is None or value == "":
+        return None
+    if len(value) > max_length or not value.isprintable():
+        raise Problem(400, f"{name}: at most {max_length} printable characters")
+    return value
+
+
+def whole(text: str) -> int | None:
+    """``text`` as a whole number that fits 64 bits (ASCII digits only), else None."""
+    if not _DIGITS.fullmatch(text) or int(text) > MAX_INT64:
+        return None
+    return int(text)
+
+
+def int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None or raw == "":
+        return default
+    value = whole(raw)
+    if value is None or not low <= value <= high:
+        raise Problem(400, f"{name}: a whole number from {low} to {high}, not {raw[:50]!r}")
+    return value
+
+
+def status_arg() -> RunStatus | None:
+    value = request.args.get("status")
+    if value is None or value == "":
+        return None
+    try:
+        return RunStatus(value)
+    except ValueError:
+        known = ", ".join(s.value for s in RunStatus)
+        raise Problem(400, f"unknown status {value[:50]!r}; one of: {known}") from None
+
+
+def links(endpoint: str, **params: Any) -> str:
+    return url_for(endpoint, **{k: v for k, v in params.items() if v is not None and v != ""})
+
+
+# -- streams ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamView:
+    name: str
+    start: int
+    page: StreamPage
+    more: bool  # chunks beyond this page
+    tail: str | None  # the live tail's URL, when the page shows the stream's end and it may still grow
+
+    @property
+    def end(self) -> int:
+        return self.page.next_index
+
+
+def read_stream(world: World, run: RunView, name: str, start: int) -> StreamView:
+    page = world.read_stream(run.run_id, name, start=start, limit=CHUNKS_PAGE + 1)
+    more = len(page.chunks) > CHUNKS_PAGE
+    if more:
+        chunks = page.chunks[:CHUNKS_PAGE]
+        page = StreamPage(chunks, page.closed, chunks[-1].index + 1)
+    live = not more and not page.closed and not run.status.terminal
+    tail = links(".tail", run_id=run.run_id, name=name, start=page.next_index) if live else None
+    return StreamView(name, start, page, more, tail)
+
+
+def sse(event: str, data: Any, event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def chunk_events(page: StreamPage) -> Iterator[str]:
+    for chunk in page.chunks:
+        yield sse("chunk", {"index": chunk.index, "text": model.show_chunk(chunk.data)}, chunk.index)
+
+
+def tail_events(world: World, run_id: str, name: str, start: int, settings: Settings) -> Iterator[str]:
+    """Server-sent events of the chunks from ``start``: ``chunk`` (id = index) as they are written, then ``end``
+    when the stream closes or the run has ended with nothing more written (``failure`` if the World fails); the
+    answer ends after ``settings.tail_lifetime`` seconds, and the browser's EventSource reconnects where it was."""
+    deadline = time.monotonic() + settings.tail_lifetime
+    quiet_since = time.monotonic()
+    index = start
+    yield "retry: 2000\n\n"
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            page = world.read_stream(run_id, name, start=index, limit=CHUNKS_PAGE, wait=min(settings.tail_poll, left))
+            if not page.chunks and not page.closed and world.get_run(run_id).status.terminal:
+                page = world.read_stream(run_id, name, start=index, limit=CHUNKS_PAGE)  # written just before the end
+                if not page.chunks:
+                    yield sse("end", {"reason": "the run has ended"})
+                    return
+        except CeleryWorkflowError as exc:
+            yield sse("failure", {"message": exc.message})
+            return
+        yield from chunk_events(page)
+        index = page.next_index
+        if page.chunks:
+            quiet_since = time.monotonic()
+        elif page.closed:
+            yield sse("end", {"reason": "the stream is closed"})
+            return
+        elif time.monotonic() - quiet_since >= HEARTBEAT:
+            quiet_since = time.monotonic()
+            yield ": still here\n\n"
+
+
+# -- the pages --------------------------------------------------------------------------------------------------------
+
+
+def add_views(bp: Blueprint, ins: Inspector) -> None:
+    @bp.get("/")
+    def runs() -> Response:
+        ins.check(guard.VIEW)
+        workflow, status = text_arg("workflow"), status_arg()
+        limit = int_arg("limit", RUNS_PAGE, 1, MAX_RUNS_PAGE)
+        cursor = text_arg("cursor", 400)
+        try:
+            page = ins.world.list_runs(workflow=workflow, status=status, limit=limit, cursor=cursor)
+        except ValueError as exc:
+            raise Problem(400, f"cannot list runs: {exc}") from None
+        filters = {"workflow": workflow, "status": status.value if status else None}
+        return ins.page(
+            "runs.html",
+            runs=page.items,
+            counts=model.status_counts(ins.world, workflow=workflow),
+            filters=filters,
+            statuses=[s.value for s in RunStatus],
+            paged=cursor is not None,
+            first_url=links(".runs", **filters, limit=limit if limit != RUNS_PAGE else None),
+            next_url=links(".runs", **filters, limit=limit, cursor=page.cursor) if page.cursor else None,
+        )
+
+    @bp.get("/runs/<run_id>")
+    def run(run_id: str) -> Response:
+        ins.check(guard.VIEW)
+        after = int_arg("after_slot", 0, 0, MAX_INT64)
+        reveal = set(request.args.getlist("reveal"))
+        if reveal:
+            ins.check(guard.REVEAL)
+        w = ins.world
+        view = w.get_run(run_id)
+        events, cut = model.read_events(w, run_id)
+        steps = w.list_steps(run_id)
+        log = w.list_events(run_id, after_slot=after, limit=EVENTS_PAGE + 1)
+        names = sorted(w.list_streams(run_id))
+        base_url = ins.wf.base_url
+        earlier = max(0, after - EVENTS_PAGE) if after > 0 else None
+        later = log[EVENTS_PAGE - 1].slot if len(log) > EVENTS_PAGE else None
+        return ins.page(
+            "run.html",
+            run=view,
+            timeline=model.timeline(view, events, steps),
+            timeline_cut=cut,
+            steps=steps,
+            waits=w.list_waits(run_id),
+            hooks=w.list_hooks(run_id),
+            reveal=reveal,
+            webhook_base=f"{base_url.rstrip('/')}/webhooks/" if base_url else None,
+            events=log[:EVENTS_PAGE],
+            events_after=after,
+            earlier_url=None if earlier is None else links(".run", run_id=run_id, after_slot=earlier, _anchor="events"),
+            later_url=None if later is None else links(".run", run_id=run_id, after_slot=later, _anchor="events"),
+            streams=[read_stream(w, view, name, 0) for name in names[:MAX_STREAMS]],
+            more_streams=names[MAX_STREAMS:],
+        )
+
+    @bp.get("/runs/<run_id>/streams/<path:name>")
+    def stream(run_id: str, name: str) -> Response:
+        ins.check(guard.VIEW)
+        start = int_arg("start", 0, 0, MAX_INT64)
+        view = ins.world.get_run(run_id)
+        shown = read_stream(ins.world, view, name, start)
+        earlier = links(".stream", run_id=run_id, name=name, start=max(0, start - CHUNKS_PAGE)) if start else None
+        later = links(".stream", run_id=run_id, name=name, start=shown.end) if shown.more else None
+        return ins.page("stream.html", run=view, stream=shown, earlier_url=earlier, later_url=later)
+
+    @bp.get("/runs/<run_id>/streams/<path:name>/tail")
+    def tail(run_id: str, name: str) -> Response:
+        """``text/event-stream`` of the stream from ``start`` (or after the ``Last-Event-ID`` a reconnecting
+        EventSource sends)."""
+        ins.check(guard.VIEW)
+        start = int_arg("start", 0, 0, MAX_INT64)
+        last = whole(request.headers.get("Last-Event-ID", ""))
+        if last is not None and last < MAX_INT64:
+            start = max(start, last + 1)
+        w = ins.world
+        w.get_run(run_id)  # 404 before the stream starts
+        resp = Response(tail_events(w, run_id, name, start, ins.settings), mimetype="text/event-stream")
+        resp.headers["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
+        return resp
+
+    @bp.get("/dead-letters")
+    def dead_letters() -> Response:
+        ins.check(guard.VIEW)
+        queue, run_id = text_arg("queue"), text_arg("run")
+        after_raw = text_arg("after", 128) or "0"
+        after: int | str = after_raw if (number := whole(after_raw)) is None else number
+        if isinstance(after, str) and after_raw.isdigit():
+            raise Problem(400, f"after: not a dead letter id: {after_raw[:50]!r}")
+        redriven = text_arg("redriven", 128)
+        try:
+            store = dead_letter_store(ins.world)
+        except ConfigurationError as exc:
+            return ins.page("dead_letters.html", letters=[], unavailable=exc.message, filters={}, redriven=None)
+        try:
+            letters: list[DeadLetter] = store.list_dead_letters(
+                queue=queue, run_id=run_id, after=after, limit=LETTERS_PAGE
+            )
+        except DeadLetterNotFound:
+            raise Problem(400, f"after: not a dead letter id: {after_raw[:50]!r}") from None
+        more = len(letters) == LETTERS_PAGE and isinstance(letters[-1].id, int)
+        filters = {"queue": queue, "run": run_id}
+        return ins.page(
+            "dead_letters.html",
+            letters=letters,
+            unavailable=None,
+            filters=filters,
+            redriven=redriven,
+            paged=after != 0,
+            first_url=links(".dead_letters", **filters),
+            next_url=links(".dead_letters", **filters, after=letters[-1].id) if more else None,
+        )
