@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -212,6 +213,10 @@ class Workflows:
             self._configure_celery(transport_options or {})
         self._background: Upkeep | None = None
         self._connect_worker_signals()
+        try:
+            _BOUND[celery_app] = weakref.ref(self)
+        except TypeError:  # an app object that cannot be weakly referenced: not found by workflows_of
+            pass
 
     # -- configuration ---------------------------------------------------------------------------------------------
 
@@ -461,6 +466,20 @@ class Workflows:
 
     def close(self) -> None:
         self.world.close()
+
+
+#: The Workflows created on each Celery app (weakly both ways: this table keeps neither alive).
+_BOUND: weakref.WeakKeyDictionary[Any, weakref.ref[Workflows]] = weakref.WeakKeyDictionary()
+
+
+def workflows_of(celery_app: Any) -> Workflows | None:
+    """The :class:`Workflows` created on ``celery_app`` (the latest, if there were several), or None: how
+    ``celery -A app workflow …`` finds the app's World."""
+    try:
+        ref = _BOUND.get(celery_app)
+    except TypeError:
+        return None
+    return ref() if ref is not None else None
 
 
 def _claim(task: Any) -> Claim | None:

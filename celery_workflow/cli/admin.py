@@ -1,0 +1,153 @@
+"""The commands around the runs: ``demo``, ``migrate``, ``sweep-expired``, ``create-table`` and ``inspector``.
+
+* ``migrate`` applies the World's pending schema migrations one by one (each in its own transaction, recorded with
+  its version, so an interrupted migration resumes where it stopped), with progress. ``celery-workflow migrate``
+  opens the World without migrating it first; under ``celery -A app workflow`` the app's Workflows opened (and so
+  migrated) its World already, unless it was opened with ``migrate=False``. Worlds without a schema (AWS) say so.
+* ``sweep-expired`` deletes the ended runs past their retention, as the World's own configuration sets it
+  (``PostgresConfig(retention=…)``): run it as ``celery -A app workflow sweep-expired``.
+* ``inspector`` serves the run inspector (:func:`celery_workflow.inspector.serve`) until interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from celery_workflow.cli.session import BadInput, Progress, Session, is_tty
+from celery_workflow.errors import ConfigurationError
+from celery_workflow.world import World
+
+__all__ = ["create_table", "demo", "inspector", "migrate", "sweep_expired"]
+
+T = TypeVar("T")
+
+pass_session = click.make_pass_decorator(Session)
+
+
+@click.command()
+@click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True, help="Seconds.")
+@pass_session
+def demo(session: Session, timeout: float) -> None:
+    """Run the example workflow on a real worker, on --world (default: the embedded SQLite file)."""
+    from celery_workflow.demo_runner import run_demo
+
+    raise click.exceptions.Exit(run_demo(session.resolved_url(), out=sys.stdout, timeout=timeout))
+
+
+def _dialect(world: World) -> str | None:
+    """The SQL dialect of the World's migrations, or None for a World without a schema of ours."""
+    from celery_workflow.world_sqlite import SQLiteWorld
+
+    if isinstance(world, SQLiteWorld):
+        return "sqlite"
+    try:
+        from celery_workflow.world_pg import PostgresWorld
+    except ConfigurationError:  # no psycopg: not a Postgres World either
+        return None
+    return "postgres" if isinstance(world, PostgresWorld) else None
+
+
+@click.command()
+@pass_session
+def migrate(session: Session) -> None:
+    """Apply the World's pending schema migrations, with progress."""
+    from celery_workflow._backend.migrations import migrations
+
+    world = session.world_for_migration()
+    dialect = _dialect(world)
+    if dialect is None:
+        click.echo(f"{type(world).__name__} has no schema migrations")
+        return
+    db: Any = getattr(world, "db")  # noqa: B009 - SQLiteWorld.db / PostgresWorld.db, both with migrate(up_to=…)
+    current = int(db.migrate(up_to=0))  # applies nothing: reads the version (refusing a newer schema)
+    pending = [m for m in migrations(dialect) if m.version > current]
+    if not pending:
+        click.echo(f"schema version {current}: up to date")
+        return
+    with Progress("migrating", len(pending)) as progress:
+        for migration in pending:
+            db.migrate(up_to=migration.version)
+            progress.advance(1, migration.name)
+    click.echo(f"schema version {current} -> {pending[-1].version}: applied {', '.join(m.name for m in pending)}")
+
+
+@click.command("sweep-expired")
+@pass_session
+def sweep_expired(session: Session) -> None:
+    """Delete the ended runs past the World's retention (PostgresConfig(retention=…))."""
+    world = session.world
+    sweep = getattr(world, "sweep_expired", None)
+    if not callable(sweep):
+        raise BadInput(f"{type(world).__name__} has no retention sweep")
+    if not getattr(getattr(world, "config", None), "expires_runs", True):
+        click.echo("no retention is configured: no run expires")
+        return
+    deleted = int(_with_ticker("sweeping expired runs", sweep))
+    click.echo(f"deleted {deleted} expired run{'s' * (deleted != 1)}")
+
+
+def _with_ticker(label: str, work: Callable[[], T]) -> T:
+    """``work()``, with ``label`` and the seconds spent redrawn on stderr while it runs when stderr is a terminal
+    (the sweep reports no count before it ends), else the label once."""
+    if not is_tty(sys.stderr):
+        click.echo(f"{label} …", err=True)
+        return work()
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="celery_workflow-cli", daemon=True)
+    started = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        click.echo(f"\r\x1b[K{label} … {time.monotonic() - started:.1f} s", nl=False, err=True)
+        thread.join(0.2)
+    click.echo(f"\r\x1b[K{label} … done in {time.monotonic() - started:.1f} s", err=True)
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+@click.command("create-table")
+@click.argument("name")
+@click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True, help="Seconds to wait.")
+def create_table(name: str, timeout: float) -> None:
+    """Create the AWS World's DynamoDB table NAME (the Terraform module's WORKFLOW_TABLE) and wait until it is
+    active; a DynamoDB client from the environment (region, credentials, AWS_ENDPOINT_URL)."""
+    try:
+        import boto3
+
+        from celery_workflow.world_sqs import create_table as create
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise BadInput("create-table needs boto3: pip install 'celery-workflow[aws]'") from exc
+    click.echo(f"creating DynamoDB table {name} (waiting until it is active) …")
+    create(boto3.client("dynamodb"), name, timeout=timeout)
+    click.echo(f"table {name} is active")
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
+@pass_session
+def inspector(session: Session, host: str, port: int) -> None:
+    """Serve the run inspector (runs, timeline, events, streams) until interrupted."""
+    try:
+        from celery_workflow.inspector import serve
+    except ImportError as exc:
+        raise click.ClickException(f"the run inspector is not available: {exc}") from exc
+    click.echo(f"run inspector on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
+    try:
+        serve(session.target(), host, port)
+    except KeyboardInterrupt:
+        raise click.exceptions.Exit(130) from None

@@ -1,0 +1,206 @@
+"""``runs list | show | cancel | watch``: look at runs, cancel one, follow one live.
+
+``runs watch RUN_ID`` polls the World every ``--interval`` seconds (a finished run ends the wait at once): it prints
+each stream value as it arrives (``[stream] value``) and the run's state, steps done / steps known and the current
+step; on a terminal that state is one line redrawn in place, otherwise a line each time it changes. When the run
+ends it prints the output or the error and exits 0 (completed), 1 (failed) or 2 (cancelled).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from celery_workflow import codec
+from celery_workflow.cli.session import Session, echo_json, get_run, is_tty, json_views
+from celery_workflow.errors import RunTerminal
+from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
+from celery_workflow.world import World
+
+__all__ = ["WATCH_EXIT", "runs"]
+
+#: ``runs watch``'s exit code for each way a run ends.
+WATCH_EXIT = {RunStatus.COMPLETED: 0, RunStatus.FAILED: 1, RunStatus.CANCELLED: 2}
+
+pass_session = click.make_pass_decorator(Session)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, default=str, separators=(",", ":"), ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@click.group()
+def runs() -> None:
+    """Look at runs, cancel one, follow one live."""
+
+
+@runs.command("list")
+@click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]), help="Only runs in this state.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (a list of runs), for scripts.")
+@pass_session
+def list_runs(session: Session, workflow: str | None, status: str | None, limit: int, as_json: bool) -> None:
+    """Runs, newest first."""
+    page = session.world.list_runs(workflow=workflow, status=status, limit=limit)
+    if as_json:
+        api = json_views()
+        echo_json([api.run_json(run) for run in page.items])
+        return
+    if not page.items:
+        click.echo("no runs")
+        return
+    click.echo(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} CREATED")
+    for run in page.items:
+        click.echo(f"{run.run_id:32} {run.workflow_name:24} {run.status.value:10} {run.created_at:%Y-%m-%d %H:%M:%S}")
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="JSON output (the run with its steps and events), for scripts.")
+@pass_session
+def show_run(session: Session, run_id: str, as_json: bool) -> None:
+    """A run with its steps and its event log."""
+    world = session.world
+    run = get_run(world, run_id)
+    steps = world.list_steps(run_id)
+    events = world.list_events(run_id)
+    if as_json:
+        api = json_views()
+        echo_json(
+            {
+                **api.run_json(run),
+                "steps": [api.step_json(s) for s in steps],
+                "events": [api.event_json(e) for e in events],
+            }
+        )
+        return
+    click.echo(f"run       {run.run_id}")
+    click.echo(f"workflow  {run.workflow_name}")
+    click.echo(f"status    {run.status.value}")
+    click.echo(f"input     {_short(run.input, 100)}")
+    if run.status is RunStatus.COMPLETED:
+        click.echo(f"output    {_short(run.output, 100)}")
+    if run.error:
+        click.echo(f"error     {run.error.get('type')}: {run.error.get('message')}")
+    if steps:
+        click.echo("\nsteps")
+        for step in steps:
+            click.echo(f"  {step.step_id:36} {step.status.value:10} attempts={step.attempt}")
+    click.echo("\nevents")
+    for ev in events:
+        click.echo(
+            f"  {ev.slot:4} {ev.created_at:%H:%M:%S.%f} {ev.event_type.value:15} {ev.correlation_id or '':24}"
+            f" {_short(dict(ev.data), 50)}"
+        )
+
+
+@runs.command("cancel")
+@click.argument("run_id")
+@click.option("--reason", default="cancelled from the command line", show_default=True, help="Recorded with it.")
+@pass_session
+def cancel_run(session: Session, run_id: str, reason: str) -> None:
+    """Cancel a run: its later deliveries do nothing."""
+    world = session.world
+    get_run(world, run_id)
+    try:
+        run = world.append(run_id, [NewEvent(EventType.RUN_CANCELLED, None, {"reason": reason} if reason else {})]).run
+    except RunTerminal:
+        raise click.ClickException(f"run {run_id} has ended ({world.get_run(run_id).status.value})") from None
+    click.echo(f"{run.run_id} {run.status.value}")
+
+
+@runs.command("watch")
+@click.argument("run_id")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.01), default=0.5, show_default=True, help="Seconds between polls."
+)
+@pass_session
+def watch_run(session: Session, run_id: str, interval: float) -> None:
+    """Follow a run live: steps, the current step, stream output. Exit code 0 completed, 1 failed, 2 cancelled."""
+    world = session.world
+    view = get_run(world, run_id)
+    screen = _Screen(is_tty(sys.stdout))
+    read: dict[str, int] = {}
+    try:
+        while True:
+            steps = world.list_steps(run_id)  # read after the view, so a terminal view has every step and chunk
+            for name in sorted(world.list_streams(run_id)):
+                page = world.read_stream(run_id, name, start=read.get(name, 0))
+                for chunk in page.chunks:
+                    screen.line(f"[{name}] {_value(chunk.data)}")
+                read[name] = page.next_index
+            screen.status(_state(view, steps))
+            if view.status.terminal:
+                break
+            view = world.wait_for_terminal(run_id, timeout=interval)
+    except KeyboardInterrupt:
+        screen.done()
+        raise click.exceptions.Exit(130) from None
+    screen.done()
+    _ending(world, view)
+    raise click.exceptions.Exit(WATCH_EXIT[view.status])
+
+
+def _value(data: bytes) -> str:
+    value = codec.loads(data)
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def _state(view: RunView, steps: list[StepView]) -> str:
+    done = sum(1 for s in steps if s.status.terminal)
+    text = f"{view.status.value:9}  steps {done}/{len(steps)}"
+    current = [s for s in steps if not s.status.terminal]
+    if current:
+        step = max(current, key=lambda s: s.updated_at)
+        attempt = f", attempt {step.attempt}" if step.attempt > 1 else ""
+        text += f"  current {step.step_id} ({step.status.value}{attempt})"
+    return text
+
+
+def _ending(world: World, view: RunView) -> None:
+    if view.status is RunStatus.COMPLETED:
+        click.echo(f"output  {json.dumps(view.output, default=str, ensure_ascii=False)}")
+    elif view.status is RunStatus.FAILED:
+        error = view.error or {}
+        click.echo(f"error   {error.get('type', 'Error')}: {error.get('message', '')}")
+    else:
+        last = world.list_events(view.run_id, after_slot=max(view.event_count - 1, 0))
+        reason = next((e.data.get("reason") for e in last if e.event_type is EventType.RUN_CANCELLED), None)
+        click.echo("cancelled" + (f": {reason}" if reason else ""))
+
+
+class _Screen:
+    """Stream lines and the run's state on stdout: on a terminal the state is one line redrawn in place (under the
+    stream lines), otherwise it is printed each time it changes."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty = tty
+        self.shown: str | None = None
+
+    def line(self, text: str) -> None:
+        if self.tty and self.shown is not None:
+            click.echo("\r\x1b[K", nl=False)
+            click.echo(text)
+            click.echo(self.shown, nl=False)
+        else:
+            click.echo(text)
+
+    def status(self, text: str) -> None:
+        if text == self.shown:
+            return
+        self.shown = text
+        if self.tty:
+            click.echo(f"\r\x1b[K{text}", nl=False)
+        else:
+            click.echo(text)
+
+    def done(self) -> None:
+        if self.tty and self.shown is not None:
+            click.echo()
