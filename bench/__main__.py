@@ -85,7 +85,9 @@ def scratch_database(url: str, name: str) -> Iterator[str]:
 
 
 @contextmanager
-def worker(app: str, env: dict[str, str], pool: str, log: Path, concurrency: int = 1) -> Iterator[None]:
+def worker(
+    app: str, env: dict[str, str], pool: str, log: Path, concurrency: int = 1
+) -> Iterator[subprocess.Popen[bytes]]:
     out = log.open("wb")
     proc = subprocess.Popen(
         [
@@ -111,7 +113,7 @@ def worker(app: str, env: dict[str, str], pool: str, log: Path, concurrency: int
         stderr=subprocess.STDOUT,
     )
     try:
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -239,7 +241,13 @@ def report(results: list[Result], pgbench_tps: float) -> str:
 
 
 #: ``python -m bench --scenario NAME …``: the scenarios beside the default one (sequential runs), by module.
-SCENARIOS = {"claims": "bench.claims", "chaos": "bench.chaos", "inflight": "bench.inflight"}
+SCENARIOS = {
+    "claims": "bench.claims",
+    "chaos": "bench.chaos",
+    "inflight": "bench.inflight",
+    "long": "bench.long_runs",
+    "sleepers": "bench.sleepers",
+}
 
 
 def main() -> int:
