@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.__main__ import ROOT, scratch_database, scratch_schema, with_search_path, worker
 from bench.pgstats import Counters, settled
+from bench.procmem import Sampler
 
 LEVELS = (8, 32, 128)
 STEPS = 10
@@ -45,6 +46,7 @@ class Level:
     runs_total: int = 0  # every run that ended during the level, warm-up included (for commits per step)
     counters: Counters | None = None
     errors: int = 0
+    memory: str = "-"  # worker process trees' and the client's RSS over the level (bench.procmem.Sampler)
 
     @property
     def steps_per_s(self) -> float:
@@ -106,15 +108,21 @@ def bench_celery_workflow(
     name = f"celery_workflow, {workers} worker{'s' if workers > 1 else ''} -c 2"
     out = []
     with ExitStack() as stack:
-        for w in range(workers):
+        procs = [
             stack.enter_context(worker("bench.cw_app", env, "prefork", logdir / f"cw-{workers}-{w}.log", concurrency=2))
+            for w in range(workers)
+        ]
         cw_app.ten_steps.start().result(timeout=120)  # the workers are up
         for clients in levels:
             before = settled(url)
+            roots = {f"worker {i + 1}": p.pid for i, p in enumerate(procs)}
+            sampler = Sampler({**roots, "client": os.getpid()}).start()
             latencies, total, errors = drive(
                 lambda: cw_app.ten_steps.start().result(timeout=300), clients, seconds, warmup, name
             )
+            sampler.stop()
             level = Level(name, clients, seconds, latencies, total, settled(url) - before, errors)
+            level.memory = "; ".join(f"{k}: {sampler.summary(k)}" for k in [*roots, "client"])
             print(f"{name}, {clients} clients: {level.steps_per_s:.0f} steps/s", file=sys.stderr, flush=True)
             out.append(level)
     return out
@@ -185,7 +193,8 @@ def report(levels: Sequence[Level]) -> str:
                 ratios.append(
                     f"- {lv.system} / {other}, {lv.clients} in flight: **{lv.steps_per_s / base.steps_per_s:.2f}x**"
                 )
-    return "\n".join([*lines, "", *ratios])
+    memory = [f"- {lv.system}, {lv.clients} in flight: {lv.memory}" for lv in levels if lv.memory != "-"]
+    return "\n".join([*lines, "", *ratios, "", "Resident memory (MiB, first sample → peak → last):", *memory])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from celery_workflow import codec
 from celery_workflow.cli.session import Session, echo_json, get_run, is_tty, json_views
 from celery_workflow.errors import RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
+from celery_workflow.runtime.continuation import continued_as
 from celery_workflow.world import World
 
 __all__ = ["WATCH_EXIT", "runs"]
@@ -121,7 +122,8 @@ def cancel_run(session: Session, run_id: str, reason: str) -> None:
 )
 @pass_session
 def watch_run(session: Session, run_id: str, interval: float) -> None:
-    """Follow a run live: steps, the current step, stream output. Exit code 0 completed, 1 failed, 2 cancelled."""
+    """Follow a run live: steps, the current step, stream output, and the runs it hands over to (continue_as_new).
+    Exit code 0 completed, 1 failed, 2 cancelled (the last run of the chain)."""
     world = session.world
     view = get_run(world, run_id)
     screen = _Screen(is_tty(sys.stdout))
@@ -135,6 +137,11 @@ def watch_run(session: Session, run_id: str, interval: float) -> None:
                     screen.line(f"[{name}] {_value(chunk.data)}")
                 read[name] = page.next_index
             screen.status(_state(view, steps))
+            successor = continued_as(world, view) if view.status.terminal else None
+            if successor is not None:  # it handed over (continue_as_new): follow the chain to its end
+                screen.line(f"run {run_id} continued as {successor}")
+                run_id, view, read = successor, get_run(world, successor), {}
+                continue
             if view.status.terminal:
                 break
             view = world.wait_for_terminal(run_id, timeout=interval)

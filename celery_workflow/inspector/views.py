@@ -30,6 +30,7 @@ from celery_workflow.errors import (
 from celery_workflow.events import RunStatus, RunView
 from celery_workflow.ids import utcnow
 from celery_workflow.inspector import guard, model
+from celery_workflow.runtime import continuation
 from celery_workflow.world import StreamPage, World
 
 if TYPE_CHECKING:
@@ -289,6 +290,8 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
         return ins.page(
             "run.html",
             run=view,
+            continues=continuation.predecessor_of(events[0]) if events else None,
+            continued_as=continuation.continued_as(w, view),
             timeline=model.timeline(view, events, steps),
             timeline_cut=cut,
             steps=steps,

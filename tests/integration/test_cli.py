@@ -25,7 +25,7 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner, Result
 
-from celery_workflow import Workflows, create_hook, get_writable
+from celery_workflow import Workflows, continue_as_new, create_hook, get_writable
 from celery_workflow.cli import main, workflow
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.testing import LocalWorker
@@ -81,7 +81,13 @@ def register(wf: Workflows) -> SimpleNamespace:
     def waiter() -> None:
         create_hook(token="cli-wait").wait()
 
-    return SimpleNamespace(doubler=doubler, fails=fails, waiter=waiter)
+    @wf.workflow
+    def relay(x: int) -> int:
+        if x < 2:
+            continue_as_new(x + 1)
+        return double(x)
+
+    return SimpleNamespace(doubler=doubler, fails=fails, waiter=waiter, relay=relay)
 
 
 def test_list_show_cancel(wf: Workflows, url: str) -> None:
@@ -186,6 +192,16 @@ def test_watch_exits_with_how_the_run_ended(wf: Workflows, url: str) -> None:
     )
     result = cli(url, "runs", "watch", waiting.id)
     assert result.exit_code == 2 and result.stdout.splitlines()[-1] == "cancelled: no longer needed"
+
+
+def test_watch_follows_a_run_that_continues_as_new(wf: Workflows, url: str) -> None:
+    run = register(wf).relay.start(0, run_id="relay")
+    LocalWorker(wf).run_until_idle()
+    result = cli(url, "runs", "watch", run.id)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert "run relay continued as relay~1" in lines and "run relay~1 continued as relay~2" in lines
+    assert lines[-1] == "output  4"
 
 
 def test_migrate_shows_progress_and_is_idempotent(url: str, wf: Workflows) -> None:

@@ -15,7 +15,7 @@ from celery import Celery
 from flask import Flask
 from flask.testing import FlaskClient
 
-from celery_workflow import Workflows, create_hook, create_webhook, get_writable, sleep
+from celery_workflow import Workflows, continue_as_new, create_hook, create_webhook, get_writable, sleep
 from celery_workflow.api import inspector_blueprint
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.events import EventType
@@ -75,6 +75,12 @@ def register(wf: Workflows) -> None:
     @wf.workflow
     def called() -> Any:
         return create_webhook().wait().json()
+
+    @wf.workflow
+    def handing_over(n: int) -> int:
+        if n < 1:
+            continue_as_new(n + 1)
+        return n
 
 
 @pytest.fixture
@@ -406,6 +412,18 @@ def test_the_run_page_shows_attempts_events_and_pages_the_log(wf: Workflows, wor
     assert [int(s) for s in slots] == list(range(1, count + 1))
     later = http.get(f"{PREFIX}/runs/{run_id}?after_slot=3").get_data(as_text=True)
     assert re.findall(r'<tr class="event" data-slot="(\d+)"', later)[0] == "4" and "« earlier" in later
+
+
+def test_a_run_that_continued_as_new_links_to_its_successor_and_back(wf: Workflows, worker: LocalWorker) -> None:
+    run = wf.start("handing_over", 0, run_id="relay")
+    worker.run_until_idle()
+    http = client(wf)
+    first = http.get(f"{PREFIX}/runs/relay").get_data(as_text=True)
+    assert f'href="{PREFIX}/runs/relay~1">relay~1</a> (continue_as_new)' in first
+    assert "<h2>Output</h2>" not in first  # it handed over: its result is its successor's
+    second = http.get(f"{PREFIX}/runs/relay~1").get_data(as_text=True)
+    assert "<dt>Continues</dt>" in second and f'href="{PREFIX}/runs/relay">relay</a>' in second
+    assert run.result() == 1
 
 
 def test_the_live_tail_streams_chunks_then_ends(wf: Workflows, worker: LocalWorker) -> None:
