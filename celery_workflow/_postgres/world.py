@@ -80,6 +80,10 @@ __all__ = ["PostgresConfig", "PostgresWorld", "postgres_url"]
 Conn = psycopg.Connection[Any]
 
 
+#: The longest a waiter for a run's end goes without re-reading it when no notification comes (seconds).
+WAITER_RECHECK = 5.0
+
+
 class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
     """A World in PostgreSQL: storage, queue (via :class:`~celery_workflow._postgres.queue.PostgresQueue`) and
     streams.
@@ -291,12 +295,15 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         return [CODEC.wait(r) for r in self._rows("list_waits", sql, (run_id,), run_id)]
 
     def wait_for_terminal(self, run_id: str, timeout: float | None) -> RunView:
-        """Wait for the run's end: a NOTIFY on ``celery_workflow_runs`` wakes it; it re-checks every poll_interval."""
+        """Wait for the run's end: the NOTIFY on ``celery_workflow_runs`` its last append sends wakes it (a lost
+        LISTEN connection wakes every waiter when it is back). It re-checks only every :data:`WAITER_RECHECK`
+        seconds otherwise: re-reading every ``poll_interval`` cost each waiting client four reads a second, so the
+        reads (and commits) per step grew with the number of runs in flight and their latency."""
         return wait_until(
             lambda: self.get_run(run_id),
             lambda view: view.status.terminal,
             timeout=timeout,
-            poll_interval=self.poll_interval,
+            poll_interval=max(self.poll_interval, WAITER_RECHECK),
             mark=lambda: self.db.listener.mark(CHANNEL_RUNS, run_id),
             wait=lambda mark, left: self.db.listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
         )

@@ -34,7 +34,7 @@ from celery_workflow.errors import (
     RunTerminal,
     SchemaVersionError,
 )
-from celery_workflow.events import EventType, NewEvent, RunStatus
+from celery_workflow.events import EventType, NewEvent, RunStatus, RunView
 from celery_workflow.testing.conformance import WorldConformance
 from celery_workflow.world import Delivery, NewRun, World, open_world
 from celery_workflow.world_pg import PostgresConfig, PostgresWorld, postgres_url
@@ -420,6 +420,25 @@ def test_wait_for_terminal_wakes_on_a_notify_from_another_process(pg_url: str) -
         assert view.status is RunStatus.COMPLETED and view.output == "from another process"
         assert time.monotonic() - woken_from < 20  # well before the 30 s poll
         _join([proc])
+    finally:
+        world.close()
+
+
+def test_a_waiter_for_a_runs_end_does_not_reread_it_every_poll_interval(pg_url: str) -> None:
+    """Its end is notified: waiting clients do not poll the run (their reads would grow with the runs in flight)."""
+    world = PostgresWorld.open(pg_url, poll_interval=0.05)
+    try:
+        run_id = _new_run(world)
+        reads: list[str] = []
+        original = world.get_run
+
+        def counting(rid: str) -> RunView:
+            reads.append(rid)
+            return original(rid)
+
+        world.get_run = counting  # type: ignore[method-assign]
+        assert world.wait_for_terminal(run_id, 1.0).status is not RunStatus.COMPLETED
+        assert len(reads) <= 2  # the first look and the last; not one per 50 ms
     finally:
         world.close()
 
