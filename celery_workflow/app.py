@@ -30,6 +30,7 @@ from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
+from celery_workflow.runtime.opening import HEADER as OPENING_HEADER
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, Upkeep, World, open_world
@@ -62,6 +63,8 @@ class TaskMessage:
     name: str
     id: str
     args: list[Any]
+    #: what a new run's first delivery carries (``celery_workflow.runtime.opening``), else None
+    opening: Any = None
 
 
 def decode_message(payload: bytes) -> TaskMessage:
@@ -74,7 +77,9 @@ def decode_message(payload: bytes) -> TaskMessage:
         if (message.get("properties") or {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         args, _kwargs, _embed = json.loads(body)
-        return TaskMessage(name=str(headers["task"]), id=str(headers["id"]), args=list(args))
+        return TaskMessage(
+            name=str(headers["task"]), id=str(headers["id"]), args=list(args), opening=headers.get(OPENING_HEADER)
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise PayloadError(f"not a Celery task message: {exc}") from exc
 
@@ -86,7 +91,14 @@ class CeleryDispatcher:
         self.celery_app = celery_app
 
     def workflow_delivery(
-        self, run_id: str, workflow_name: str, queue: str, *, not_before: datetime | None, idempotency_key: str
+        self,
+        run_id: str,
+        workflow_name: str,
+        queue: str,
+        *,
+        not_before: datetime | None,
+        idempotency_key: str,
+        opening: Mapping[str, Any] | None = None,
     ) -> Delivery:
         payload = build_message(
             self.celery_app,
@@ -96,6 +108,7 @@ class CeleryDispatcher:
             queue=queue,
             task_id=new_delivery_id(),
             not_before=not_before,
+            headers=None if opening is None else {OPENING_HEADER: opening},
         )
         return Delivery(queue, payload, run_id, not_before, idempotency_key)
 
@@ -375,8 +388,9 @@ class Workflows:
 
         def run_workflow(task: Any, run_id: str) -> str:
             claim = _claim(task)
+            opening = getattr(task.request, OPENING_HEADER, None)
             try:
-                return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), claim=claim)
+                return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), claim=claim, opening=opening)
             except Exception as exc:
                 self._put_back(claim, exc)
                 raise
@@ -448,7 +462,7 @@ class Workflows:
         task = decode_message(payload)
         if task.name.startswith(WORKFLOW_TASK_PREFIX) and len(task.args) == 1:
             return self.runtime.handle_workflow(
-                str(task.args[0]), delivery_id=task.id, claim=claim, inline_until=inline_until
+                str(task.args[0]), delivery_id=task.id, claim=claim, inline_until=inline_until, opening=task.opening
             )
         if task.name.startswith(STEP_TASK_PREFIX) and len(task.args) == 2:
             return self.runtime.handle_step(str(task.args[0]), str(task.args[1]), delivery_id=task.id, claim=claim)
@@ -501,6 +515,7 @@ def build_message(
     queue: str,
     task_id: str,
     not_before: datetime | None = None,
+    headers: Mapping[str, Any] | None = None,
 ) -> bytes:
     """The UTF-8 JSON of the virtual-transport message that runs ``task_name(*args, **kwargs)`` on ``queue``.
 
@@ -508,7 +523,8 @@ def build_message(
     be exactly what a Kombu virtual transport would have stored had Celery published it: ``{"body" (base64 of the
     JSON ``[args, kwargs, embed]``), "content-type", "content-encoding", "headers" (protocol 2), "properties"}``,
     built with Celery's own protocol-2 builder. ``not_before`` goes in the properties, where our transports read
-    the due time.
+    the due time. ``headers``: more message headers (a Celery worker shows them to the task as ``task.request``
+    attributes).
     """
     msg = celery_app.amqp.as_task_v2(
         task_id,
@@ -536,7 +552,7 @@ def build_message(
         "body": base64.b64encode(body).decode(),
         "content-encoding": content_encoding,
         "content-type": content_type,
-        "headers": msg.headers,
+        "headers": {**msg.headers, **(headers or {})},
         "properties": properties,
     }
     return json.dumps(message, default=str).encode()

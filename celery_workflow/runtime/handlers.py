@@ -39,6 +39,7 @@ from celery_workflow.errors import (
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
 from celery_workflow.runtime import continuation, steps
+from celery_workflow.runtime import opening as opening_mod
 from celery_workflow.runtime.context import WebhookRequest, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import Outcome, Replay, Restart
@@ -54,8 +55,17 @@ class Dispatcher(Protocol):
     """Builds the delivery messages the World stores (opaque to it)."""
 
     def workflow_delivery(
-        self, run_id: str, workflow_name: str, queue: str, *, not_before: datetime | None, idempotency_key: str
-    ) -> Delivery: ...
+        self,
+        run_id: str,
+        workflow_name: str,
+        queue: str,
+        *,
+        not_before: datetime | None,
+        idempotency_key: str,
+        opening: Mapping[str, Any] | None = None,
+    ) -> Delivery:
+        """``opening``: what a new run's first delivery carries (:mod:`.opening`), in the message's headers."""
+        ...
 
     def step_delivery(
         self, run_id: str, workflow_name: str, step_name: str, step_id: str, queue: str, *, not_before: datetime | None
@@ -131,8 +141,16 @@ class Runtime:
         data_input = wdef.signature.encode_args(args, kwargs)
         codec.check_size(data_input, self.max_payload, f"the input of workflow {workflow_name}")
         queue = self.queue_for(workflow_name)
-        first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
-        return self.world.create_run(NewRun(rid, workflow_name, data_input, queue), [first])
+        new = NewRun(rid, workflow_name, data_input, queue)
+        first = self.dispatcher.workflow_delivery(
+            rid,
+            workflow_name,
+            queue,
+            not_before=None,
+            idempotency_key="wake",
+            opening=opening_mod.opening_of(new, self.clock()),
+        )
+        return self.world.create_run(new, [first])
 
     def resume_hook(self, token: str, payload: Any) -> HookView:
         """Deliver ``payload`` to the live hook owning ``token`` and wake its run. HookNotFound if none; WebhookUsed
@@ -202,7 +220,13 @@ class Runtime:
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
     def handle_workflow(
-        self, run_id: str, *, delivery_id: str, claim: Claim | None = None, inline_until: float | None = None
+        self,
+        run_id: str,
+        *,
+        delivery_id: str,
+        claim: Claim | None = None,
+        inline_until: float | None = None,
+        opening: Any = None,
     ) -> str:
         """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests).
 
@@ -210,17 +234,20 @@ class Runtime:
         says how many times the delivery was received, and its receipt lets the last write delete the delivery in
         the same transaction; the writes before it are not made durable one by one (``World.append(durable=...)``).
         ``inline_until`` (a ``time.monotonic()`` deadline, e.g. half a Lambda invocation's time): past it, steps are
-        queued as their own deliveries instead of run inline, as past ``inline_budget``.
+        queued as their own deliveries instead of run inline, as past ``inline_budget``. ``opening``: what a new run's
+        first delivery carries (:mod:`.opening`): the first replay starts from it instead of reading the log.
         """
         attempt = claim.attempts if claim is not None else 1
         receipt = claim.receipt if claim is not None else None
         started = time.monotonic()
+        carried = opening_mod.opened(run_id, opening) if opening is not None else None
         for _ in range(MAX_RESTARTS):
             try:
-                run, events = self.world.get_run_with_events(run_id)
+                run, events = carried if carried is not None else self.world.get_run_with_events(run_id)
             except NotFound:
                 log.warning("delivery %s: run %s does not exist; dropping it", delivery_id, run_id)
                 return "missing"
+            speculative, carried = carried is not None, None
             if run.status.terminal:
                 return "ended"
             predecessor = continuation.predecessor_of(events[0]) if run.status is RunStatus.PENDING else None
@@ -254,6 +281,10 @@ class Runtime:
                 continue
             except _Stop:
                 return "ended"
+            except NotFound:
+                if not speculative:
+                    raise
+                continue  # the run the opening stood for is gone: read, and drop the delivery
         raise WorldError(f"run {run_id}: the event log kept moving under {MAX_RESTARTS} replays")
 
     def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:

@@ -96,6 +96,18 @@ def test_sequential_steps(app: ModuleType, worker: Worker) -> None:
     assert event_counts(run)["step_completed"] == 5
 
 
+def test_a_runs_first_delivery_needs_no_read_of_its_log(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
+    """The first delivery carries the run's opening in its headers and the worker replays against it: a one-step
+    run completes in its first delivery without reading its log; a delivery that cannot carry it reads it."""
+    run = app.sequential.start(1, run_id=f"noted-{time.monotonic_ns()}")
+    assert run.result(timeout=30) == 0
+    reads = Path(env["CW_MARKERS"]) / f"reads-{run.id}"
+    assert not reads.exists()
+    big = app.sequential.start(1, run_id=f"noted-big-{time.monotonic_ns()}", padding="x" * 5000)
+    assert big.result(timeout=30) == 0
+    assert (Path(env["CW_MARKERS"]) / f"reads-{big.id}").read_text().splitlines() == ["read"]
+
+
 def test_continue_as_new_hands_over_to_fresh_runs(app: ModuleType, worker: Worker) -> None:
     run = app.counting.start(8)
     assert run.result(timeout=30) == 28
