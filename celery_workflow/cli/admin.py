@@ -139,8 +139,14 @@ def create_table(name: str, timeout: float) -> None:
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Let whoever reaches it reveal hook tokens, cancel runs, resume hooks and redrive dead letters"
+    " (read-only without it; mind --host).",
+)
 @pass_session
-def inspector(session: Session, host: str, port: int) -> None:
+def inspector(session: Session, host: str, port: int, allow_actions: bool) -> None:
     """Serve the run inspector (runs, timeline, events, streams) until interrupted."""
     try:
         from celery_workflow.inspector import serve
@@ -148,6 +154,6 @@ def inspector(session: Session, host: str, port: int) -> None:
         raise click.ClickException(f"the run inspector is not available: {exc}") from exc
     click.echo(f"run inspector on http://{host}:{port}/ (Ctrl-C stops it)", err=True)
     try:
-        serve(session.target(), host, port)
+        serve(session.target(), host, port, allow_actions=allow_actions)
     except KeyboardInterrupt:
         raise click.exceptions.Exit(130) from None

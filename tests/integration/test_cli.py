@@ -259,12 +259,16 @@ def test_inspector_serves_the_apps_workflows_or_the_world(
     assert "inspector" in invoke("--help").stdout
     assert "--port" in invoke("inspector", "--help").stdout
     inspector = pytest.importorskip("celery_workflow.inspector")
-    served: list[tuple[Any, str, int]] = []
-    monkeypatch.setattr(inspector, "serve", lambda target, host, port: served.append((target, host, port)))
+    served: list[tuple[Any, str, int, bool]] = []
+
+    def serve(target: Any, host: str, port: int, *, allow_actions: bool) -> None:
+        served.append((target, host, port, allow_actions))
+
+    monkeypatch.setattr(inspector, "serve", serve)
     assert invoke("inspector", "--port", "8123", obj=SimpleNamespace(app=wf.celery_app)).exit_code == 0
-    assert cli(url, "inspector", "--host", "0.0.0.0").exit_code == 0
-    assert served[0] == (wf, "127.0.0.1", 8123)
-    assert type(served[1][0]).__name__ == "SQLiteWorld" and served[1][1:] == ("0.0.0.0", 8000)
+    assert cli(url, "inspector", "--host", "0.0.0.0", "--allow-actions").exit_code == 0
+    assert served[0] == (wf, "127.0.0.1", 8123, False)  # read-only unless asked
+    assert type(served[1][0]).__name__ == "SQLiteWorld" and served[1][1:] == ("0.0.0.0", 8000, True)
 
 
 # -- Postgres ------------------------------------------------------------------------------------------------------
