@@ -196,7 +196,12 @@ class Upkeep(Protocol):
 
 @runtime_checkable
 class World(Protocol):
-    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe."""
+    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe.
+
+    Optional: ``assume_new_run(run: RunView) -> None``, a hint that ``run`` was just created and nothing has happened
+    to it (the runtime passes it when a first delivery's opening stands in for reading the run); a World that plans
+    appends on cached state may keep it as a guess its writes check (the Postgres World does).
+    """
 
     #: Longest time a waiter sleeps between checks when nothing wakes it.
     poll_interval: float

@@ -241,6 +241,10 @@ class Runtime:
         receipt = claim.receipt if claim is not None else None
         started = time.monotonic()
         carried = opening_mod.opened(run_id, opening) if opening is not None else None
+        if carried is not None:
+            assume = getattr(self.world, "assume_new_run", None)  # optional World hint (see World)
+            if assume is not None:
+                assume(carried[0])
         for _ in range(MAX_RESTARTS):
             try:
                 run, events = carried if carried is not None else self.world.get_run_with_events(run_id)
