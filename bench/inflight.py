@@ -122,7 +122,7 @@ def bench_celery_workflow(
             )
             sampler.stop()
             level = Level(name, clients, seconds, latencies, total, settled(url) - before, errors)
-            level.memory = "; ".join(f"{k}: {sampler.summary(k)}" for k in [*roots, "client"])
+            level.memory = "; ".join(f"{k}: {sampler.summary(k, settle=warmup)}" for k in [*roots, "client"])
             print(f"{name}, {clients} clients: {level.steps_per_s:.0f} steps/s", file=sys.stderr, flush=True)
             out.append(level)
     return out
@@ -194,7 +194,7 @@ def report(levels: Sequence[Level]) -> str:
                     f"- {lv.system} / {other}, {lv.clients} in flight: **{lv.steps_per_s / base.steps_per_s:.2f}x**"
                 )
     memory = [f"- {lv.system}, {lv.clients} in flight: {lv.memory}" for lv in levels if lv.memory != "-"]
-    return "\n".join([*lines, "", *ratios, "", "Resident memory (MiB, first sample → peak → last):", *memory])
+    return "\n".join([*lines, "", *ratios, "", "Resident memory (MiB, first sample after the warm-up → peak → last):", *memory])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -76,11 +76,13 @@ class Sampler:
         if self._thread is not None:
             self._thread.join()
 
-    def summary(self, name: str) -> str:
-        """``first → peak → last`` of the tree's RSS in MiB, and the largest single process's peak."""
+    def summary(self, name: str, settle: float = 0.0) -> str:
+        """``first → peak → last`` of the tree's RSS in MiB (first: the first sample ``settle`` seconds or more into
+        the sampling, when warm-up growth is over), and the largest single process's peak."""
         s = self.samples.get(name) or [(0.0, 0, 0)]
+        first = next((x for x in s if x[0] >= settle), s[0])
         peak_one = max(x[1] for x in s)
         return (
-            f"{s[0][2] / 1024:.0f} → peak {max(x[2] for x in s) / 1024:.0f} → {s[-1][2] / 1024:.0f} MiB"
+            f"{first[2] / 1024:.0f} → peak {max(x[2] for x in s) / 1024:.0f} → {s[-1][2] / 1024:.0f} MiB"
             f" (largest process peak {peak_one / 1024:.0f} MiB)"
         )
