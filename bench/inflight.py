@@ -194,7 +194,9 @@ def report(levels: Sequence[Level]) -> str:
                     f"- {lv.system} / {other}, {lv.clients} in flight: **{lv.steps_per_s / base.steps_per_s:.2f}x**"
                 )
     memory = [f"- {lv.system}, {lv.clients} in flight: {lv.memory}" for lv in levels if lv.memory != "-"]
-    return "\n".join([*lines, "", *ratios, "", "Resident memory (MiB, first sample after the warm-up → peak → last):", *memory])
+    return "\n".join(
+        [*lines, "", *ratios, "", "Resident memory (MiB, first sample after the warm-up → peak → last):", *memory]
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
