@@ -11,7 +11,7 @@ import base64
 import json
 import random as _random
 import uuid as _uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -62,6 +62,16 @@ class StepContext:
     writers: dict[str, StreamWriter] = field(default_factory=dict)
 
 
+class ContinueAsNew(BaseException):
+    """Unwinds the workflow function (past user ``except Exception``): the run ends and a successor starts with these
+    arguments and a fresh log (:func:`continue_as_new`; the replay turns it into its outcome)."""
+
+    def __init__(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        super().__init__("continue_as_new")
+        self.args_ = tuple(args)
+        self.kwargs_ = dict(kwargs)
+
+
 _replay: ContextVar[Replay | None] = ContextVar("celery_workflow_replay", default=None)
 _step: ContextVar[StepContext | None] = ContextVar("celery_workflow_step", default=None)
 
@@ -103,7 +113,8 @@ def continue_as_new(*args: Any, **kwargs: Any) -> NoReturn:
     happens once however often this delivery is retried, and the successor starts only once this run's completion
     is written. Hooks, sleeps and steps this run did not wait for end with it; pass on what the successor needs.
     """
-    raise _require_replay("continue_as_new").continue_as_new(args, kwargs)
+    _require_replay("continue_as_new")
+    raise ContinueAsNew(args, kwargs)
 
 
 def now() -> datetime:

@@ -54,16 +54,15 @@ def predecessor_of(created: Event) -> str | None:
 
 
 def continued_as(world: World, view: RunView) -> str | None:
-    """The successor a completed run handed over to, or None (one read of its last event; none for other runs)."""
+    """The successor a completed run handed over to, or None (one read of its last event, which is its
+    ``run_completed``: an ended run takes no more events; no read for other runs)."""
     if view.status is not RunStatus.COMPLETED or view.output is not None:
         return None
     last = world.list_events(view.run_id, after_slot=max(0, view.event_count - 1))
-    events = last if last and last[-1].event_type is EventType.RUN_COMPLETED else world.list_events(view.run_id)
-    for ev in reversed(events):
-        if ev.event_type is EventType.RUN_COMPLETED:
-            value = ev.data.get("continued_as")
-            return value if isinstance(value, str) else None
-    return None
+    if not last or last[-1].event_type is not EventType.RUN_COMPLETED:
+        return None
+    value = last[-1].data.get("continued_as")
+    return value if isinstance(value, str) else None
 
 
 def gate(world: World, run: RunView, predecessor: str) -> Literal["go", "wait", "orphan"]:

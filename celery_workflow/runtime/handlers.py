@@ -16,6 +16,7 @@ import random as _random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -261,10 +262,8 @@ class Runtime:
                     self.world.enqueue([self.wake_delivery(run, not_before=self.clock() + continuation.CHECK_AFTER)])
                     return "waiting"
                 if verdict == "orphan":
-                    try:
+                    with suppress(RunTerminal):
                         self.cancel(run_id, f"its predecessor {predecessor} ended without handing over to it")
-                    except RunTerminal:
-                        pass
                     return "ended"
             wdef = self.registry.workflow(run.workflow_name)
             effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
@@ -352,15 +351,11 @@ class Runtime:
             if created or (view.input == successor_input and view.status is RunStatus.PENDING):
                 break
             if view.status is RunStatus.PENDING:
-                try:
+                with suppress(RunTerminal):
                     self.cancel(succ, f"superseded: run {run.run_id} handed over to another successor")
-                except RunTerminal:
-                    pass
         else:
             raise WorldError(f"run {run.run_id}: no free successor id after {MAX_RESTARTS} tries")
-        wake = self.dispatcher.workflow_delivery(
-            succ, run.workflow_name, queue, not_before=None, idempotency_key="wake"
-        )
+        wake = self.wake_delivery(view)
         data = {"output": None, "continued_as": succ, "continued_with": successor_input}
         done = NewEvent(EventType.RUN_COMPLETED, None, data)
         replay.write([done], [wake], final=True)

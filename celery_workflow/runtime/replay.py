@@ -57,16 +57,6 @@ class Restart(BaseException):
     """The log moved under this replay (another writer appended): reload it and replay from the top."""
 
 
-class ContinueAsNew(BaseException):
-    """Unwinds the workflow function: the run ends and a successor starts with these arguments and a fresh log
-    (:func:`celery_workflow.continue_as_new`)."""
-
-    def __init__(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        super().__init__("continue_as_new")
-        self.args_ = tuple(args)
-        self.kwargs_ = dict(kwargs)
-
-
 class _Diverged(BaseException):
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -264,7 +254,7 @@ class Replay:
             except Suspend:
                 self._check_consumed()
                 return Outcome("suspended")
-            except ContinueAsNew as cont:
+            except context.ContinueAsNew as cont:
                 self._check_consumed()
                 try:
                     successor_input = self.wdef.signature.encode_args(cont.args_, cont.kwargs_)
@@ -388,12 +378,6 @@ class Replay:
             return self._consume_terminal(self._write_now([event])[-1], hint)
         self._write_now([event], [self.effects.step_delivery(sdef, cid, when)])
         raise Suspend()
-
-    # -- hand-over -------------------------------------------------------------------------------------------------
-
-    def continue_as_new(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ContinueAsNew:
-        """The exception that ends this replay with a hand-over to a successor run (written by the handler)."""
-        return ContinueAsNew(args, kwargs)
 
     # -- sleeps ----------------------------------------------------------------------------------------------------
 
