@@ -12,7 +12,9 @@ a retry first looks for the events its own ``write_id`` committed (a commit whos
 state (:meth:`~celery_workflow.world_pg.PostgresWorld.get_run_with_events`: the run, its log, every step, live hook
 and wait); the World keeps it as a :class:`~celery_workflow.events.Snapshot` and, after each batch it writes, the
 snapshot that batch leads to (:func:`celery_workflow.events.advance`). The next batch of that run is planned on the
-kept snapshot (``Loaded.guess``) and sent as one script: ``BEGIN``, the run's row lock, the writes, ``COMMIT``.
+kept snapshot (``Loaded.guess``) and sent as one script without ``BEGIN`` or ``COMMIT`` (one implicit transaction,
+committed at the script's end): the run's ``UPDATE`` (it locks the row), the events, the other writes; a run's end
+cleans up only the hooks, tokens and waits the kept snapshot says the run has.
 Nothing of a run's own state changes without a new event, and the events' primary key ``(run_id, slot)`` refuses the
 first slot of a batch planned on a stale snapshot (another process or thread appended meanwhile): that transaction
 rolls back (:class:`~celery_workflow._backend.template.StaleSnapshot`) and the template plans the batch again on
@@ -43,7 +45,7 @@ from celery_workflow import ids
 from celery_workflow._backend.broker import parse_receipt
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
-from celery_workflow._postgres.database import CHANNEL_RUNS, Result, Script, notify_sql
+from celery_workflow._postgres.database import CHANNEL_RUNS, notify_sql
 from celery_workflow._postgres.rows import (
     CODEC,
     COLUMNS,
@@ -57,6 +59,7 @@ from celery_workflow._postgres.rows import (
     token_lock_keys,
     update_sql,
 )
+from celery_workflow._postgres.script import Result, Script, commit_setting
 from celery_workflow.errors import EventInvalid
 from celery_workflow.events import Event, EventType, HookView
 
@@ -177,53 +180,81 @@ class PgAppend:
         if tx.kept is None:
             assert tx.script is not None
             self._finish(tx.script, request, plan, tx.stale_tokens)
+            tx.script.add("COMMIT")
             tx.script.send()
             return
+        # One round trip, one implicit transaction (the pipeline's Sync commits it): no BEGIN, no COMMIT. The run's
+        # row is locked by its UPDATE, the first write (write_plan); only a batch that releases tokens locks them
+        # after it, in the same order as LockedReads. The kept snapshot is the run's whole state, so a run that has
+        # no hook or wait needs none of their cleanup.
+        kept = tx.kept
         script = Script(tx.conn)
-        script.begin(synchronous_commit=None if request.durable else False)
-        script.add("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (request.run_id,))
+        if not request.durable:
+            script.add(commit_setting(False))
+        hooks = bool(kept.hooks or plan.hooks_inserted)
         disposed = request.disposed_hooks
-        if request.ends_run or disposed:
+        if (request.ends_run and hooks) or disposed:
+            script.add("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (request.run_id,))
             script.add(*lock_tokens_sql(request.run_id, [], request.ends_run, disposed))
-        self._finish(script, request, plan)
+        self._finish(script, request, plan, known=Known(hooks, bool(kept.waits or plan.waits)))
         try:
             script.send()
         except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation):
-            tx.conn.rollback()  # the snapshot was stale: another writer took the slot, or the run is gone
-            self.snapshots.forget(request.run_id)
+            tx.conn.rollback()  # (the pipeline's Sync rolled the implicit transaction back; this is for certainty)
+            self.snapshots.forget(request.run_id)  # stale: another writer took the slot, or the run is gone
             raise StaleSnapshot() from None
-        self.snapshots.put(rules.advance(tx.kept, plan))
+        self.snapshots.put(rules.advance(kept, plan))
 
     def _finish(
-        self, script: Script, request: AppendRequest, plan: rules.Plan, stale_tokens: frozenset[str] = frozenset()
+        self,
+        script: Script,
+        request: AppendRequest,
+        plan: rules.Plan,
+        stale_tokens: frozenset[str] = frozenset(),
+        known: Known | None = None,
     ) -> None:
-        """Queue the plan's writes, the deliveries, the ack, the run-end notification and COMMIT."""
-        write_plan(script, plan, request.write_id, stale_tokens)
+        """Queue the plan's writes, the deliveries, the ack and the run-end notification."""
+        write_plan(script, plan, request.write_id, stale_tokens, known)
         queue = self.world.store
         queue.add_inserts(script, request.deliveries)
         if request.ack is not None:
             queue.add_delete_claim(script, request.ack)
         if plan.run_ended:
             script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (plan.run.run_id,))
-        script.add("COMMIT")
 
 
-def write_plan(script: Script, plan: rules.Plan, write_id: str, stale_tokens: frozenset[str] = frozenset()) -> None:
-    """Queue the writes of ``plan`` on ``script``: the events first (their primary key refuses a slot someone else
-    took), then the views, hook and token rows and the run-end cleanup. ``stale_tokens``: tokens the batch claims
-    whose rows (locked by :class:`LockedReads`) outlived their retention; they are deleted before the claim."""
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What a plan made on the run's whole state knows of it: whether it has hooks (and so token rows) and waits.
+    Without it (a plan made on partial reads) a run's end cleans up as if it had both."""
+
+    hooks: bool
+    waits: bool
+
+
+def write_plan(
+    script: Script,
+    plan: rules.Plan,
+    write_id: str,
+    stale_tokens: frozenset[str] = frozenset(),
+    known: Known | None = None,
+) -> None:
+    """Queue the writes of ``plan`` on ``script``: the run's row first (its UPDATE locks it, if nothing did
+    before), the events (their primary key refuses a slot someone else took), then the views, hook and token rows
+    and the run-end cleanup (only of what the run has, when ``known`` says). ``stale_tokens``: tokens the batch
+    claims whose rows (locked by :class:`LockedReads`) outlived their retention; they are deleted before the claim."""
     if not plan.events:
         return  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
     run = plan.run
     created = created_slots(plan.events)
-    script.add(
-        insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"], rows=len(plan.events)),
-        [value for e in plan.events for value in event_row(e, write_id)],
-    )
     values = CODEC.record("runs", run)
     script.add(
         update_sql("celery_workflow_runs", MUTABLE["runs"], ("run_id",)),
         (*(values[c] for c in MUTABLE["runs"]), run.run_id),
+    )
+    script.add(
+        insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"], rows=len(plan.events)),
+        [value for e in plan.events for value in event_row(e, write_id)],
     )
     for table, items, kind in (
         ("steps", plan.steps, EventType.STEP_CREATED),
@@ -243,14 +274,16 @@ def write_plan(script: Script, plan: rules.Plan, write_id: str, stale_tokens: fr
     # Token rows go before their hooks: a run's end keeps those whose retention has not ended (see the module
     # docstring), a disposal releases at once. LockedReads locked them already.
     if plan.run_ended:
-        dropped = sorted({str(e.correlation_id) for e in plan.events if e.event_type is EventType.HOOK_DISPOSED})
-        script.add(
-            "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.run_id = %s"
-            f" AND (t.hook_id = ANY(%s) OR NOT coalesce({retained_until_sql('t')} > %s, false))",
-            (run.run_id, dropped, run.completed_at),
-        )
-        script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s", (run.run_id,))
-        script.add("DELETE FROM celery_workflow_waits WHERE run_id = %s", (run.run_id,))
+        if known is None or known.hooks:
+            dropped = sorted({str(e.correlation_id) for e in plan.events if e.event_type is EventType.HOOK_DISPOSED})
+            script.add(
+                "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.run_id = %s"
+                f" AND (t.hook_id = ANY(%s) OR NOT coalesce({retained_until_sql('t')} > %s, false))",
+                (run.run_id, dropped, run.completed_at),
+            )
+            script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s", (run.run_id,))
+        if known is None or known.waits:
+            script.add("DELETE FROM celery_workflow_waits WHERE run_id = %s", (run.run_id,))
     elif plan.hooks_deleted:
         disposed = (run.run_id, sorted(plan.hooks_deleted))
         script.add("DELETE FROM celery_workflow_hook_tokens WHERE run_id = %s AND hook_id = ANY(%s)", disposed)

@@ -45,6 +45,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_workflow._backend.migrations import check_version, migrations
+from celery_workflow._postgres.script import no_auto_prepare
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
 
 log = logging.getLogger("celery_workflow.postgres")
@@ -69,7 +70,14 @@ def notify_sql(channel: str, payload: str = "%s") -> str:
 
 
 _MAX_KEYS = 10_000
-_RETRYABLE = (pg_errors.SerializationFailure, pg_errors.DeadlockDetected, pg_errors.LockNotAvailable)
+# InvalidSqlStatementName: what a connection prepared was deallocated under it (a pool's DISCARD ALL); a script
+# forgets its names on it, so the next attempt prepares them again.
+_RETRYABLE = (
+    pg_errors.SerializationFailure,
+    pg_errors.DeadlockDetected,
+    pg_errors.LockNotAvailable,
+    pg_errors.InvalidSqlStatementName,
+)
 
 
 class PgDatabase:
@@ -308,10 +316,12 @@ _SESSION = "SET plan_cache_mode = force_generic_plan"
 
 
 def _session(conn: psycopg.Connection[Any]) -> None:
+    no_auto_prepare(conn)
     conn.execute(_SESSION)
 
 
 def _lazy_session(conn: psycopg.Connection[Any]) -> None:
+    no_auto_prepare(conn)
     conn.execute(f"{_SESSION}; SET synchronous_commit = off")
 
 
@@ -426,60 +436,6 @@ def _break(conn: psycopg.Connection[Any]) -> None:
     finally:
         sock.close()
     log.warning("Postgres call still running at its deadline: its connection was broken")
-
-
-class Script:
-    """Statements queued and sent together in psycopg's pipeline mode: one round trip for all of them.
-
-    Use it on an autocommit connection (``PgDatabase.run(..., transaction=False)``) and put ``BEGIN`` / ``COMMIT``
-    in the script itself: a transaction of N statements then costs one round trip, or two when its writes depend on
-    what it read (read under lock, decide in Python, then write and commit). Statements with parameters are prepared
-    on each connection the first time it runs them, so the server plans each once per connection. Each statement still gets its own snapshot (READ COMMITTED), so reads after a lock see the state
-    under that lock. An error aborts the rest of the script (and the transaction it is in) and is raised by
-    :meth:`send`.
-    """
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
-        self._queued: list[tuple[str, Any]] = []
-
-    def add(self, sql: str, params: Any = None) -> int:
-        """Queue one statement; return the index of its result in :meth:`send`'s answer."""
-        self._queued.append((sql, params))
-        return len(self._queued) - 1
-
-    def begin(self, mode: str = "", *, synchronous_commit: bool | None = None) -> None:
-        """Queue ``BEGIN [mode]`` and, if given, this transaction's ``synchronous_commit`` (False: commit without
-        waiting for the disk; True: on disk at commit, whatever the session says)."""
-        self.add(f"BEGIN {mode}".rstrip())
-        if synchronous_commit is not None:
-            self.add(f"SET LOCAL synchronous_commit = {'on' if synchronous_commit else 'off'}")
-
-    def __len__(self) -> int:
-        return len(self._queued)
-
-    def send(self) -> list[Result]:
-        """Send the queued statements at once and wait for all their answers; one :class:`Result` per statement."""
-        if not self._queued:
-            return []
-        queued, self._queued = self._queued, []
-        conn = self._conn
-        with conn.pipeline():
-            cursors = [conn.execute(sql, params, prepare=params is not None) for sql, params in queued]
-        return [Result(cur.fetchall() if cur.description is not None else [], cur.rowcount) for cur in cursors]
-
-
-class Result:
-    """The rows and row count of one statement of a :class:`Script`."""
-
-    __slots__ = ("rowcount", "rows")
-
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
-        self.rows = rows
-        self.rowcount = rowcount
-
-    def one(self) -> Any:
-        return self.rows[0] if self.rows else None
 
 
 class Listener:

@@ -62,7 +62,8 @@ from celery_workflow._backend.broker import (
     queued_messages,
 )
 from celery_workflow._postgres import queue_sql as stmt
-from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase, Script
+from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase
+from celery_workflow._postgres.script import Script, commit_setting
 from celery_workflow.dead_letters import MAX_ERROR, DeadLetter
 from celery_workflow.errors import DeadLetterNotFound
 from celery_workflow.ids import to_utc
@@ -134,13 +135,11 @@ class PostgresQueue:
             setting = True
 
         def go(conn: Conn) -> tuple[list[tuple[Any, ...]], int]:
-            if setting is None:  # one statement, one round trip
-                cur = conn.execute(sql, params, prepare=True)
-                return (cur.fetchall() if cur.description is not None else []), int(cur.rowcount)
+            # one round trip, one implicit transaction (a set_config that is local to it, when it commits otherwise)
             script = Script(conn)
-            script.begin(synchronous_commit=setting)
+            if setting is not None:
+                script.add(commit_setting(setting))
             index = script.add(sql, params)
-            script.add("COMMIT")
             result = script.send()[index]
             return result.rows, result.rowcount
 

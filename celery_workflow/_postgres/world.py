@@ -58,10 +58,11 @@ from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun, retained_until_sql
 from celery_workflow._postgres.config import PostgresConfig, config_with, postgres_url
-from celery_workflow._postgres.database import CHANNEL_RUNS, PgDatabase, Script
+from celery_workflow._postgres.database import CHANNEL_RUNS, PgDatabase
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._postgres.retention import RetentionSweeper, sweep_expired
 from celery_workflow._postgres.rows import CODEC, COLUMNS, EVENT, HOOK, HOOK_H, RUN, STEP, WAIT, event_row, insert_sql
+from celery_workflow._postgres.script import Script
 from celery_workflow._postgres.streams import PgStreams
 from celery_workflow.errors import HookNotFound, RunNotFound, StepNotFound, WorldError
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView

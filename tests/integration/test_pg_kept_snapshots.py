@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from celery_workflow import ids
-from celery_workflow._postgres import database as _pg
+from celery_workflow._postgres import script as _pg
 from celery_workflow.errors import EntityTerminal, RunNotFound, RunTerminal, StaleLog, StepNotFound
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance
@@ -164,3 +164,34 @@ def test_a_run_ended_elsewhere_is_refused_on_fresh_reads(pair: tuple[PostgresWor
     with pytest.raises(RunTerminal):
         a.append(run_id, [created("late")])
     assert a.get_run(run_id).status is RunStatus.CANCELLED
+
+
+def test_a_kept_append_is_one_implicit_transaction_with_only_the_writes_the_run_needs(
+    pg_world: PostgresWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripts: list[list[str]] = []
+    original = _pg.Script.send
+
+    def send(self: _pg.Script) -> list[_pg.Result]:
+        scripts.append([sql.split(" (")[0] for sql, _ in self._queued])
+        return original(self)
+
+    monkeypatch.setattr(_pg.Script, "send", send)
+    run_id = started_run(pg_world)
+    pg_world.get_run_with_events(run_id)
+    scripts.clear()
+    pg_world.append(run_id, [created("s1"), started("s1")], durable=False)
+    pg_world.append(run_id, [completed("s1"), NewEvent(EventType.RUN_COMPLETED, None, {"output": 1})])
+    lazy, last = scripts
+    # no BEGIN/COMMIT (the pipeline's end commits), the run's UPDATE locks it first, the events' key checks the plan
+    assert lazy == [
+        "SELECT set_config('synchronous_commit', 'off', true)",
+        "UPDATE celery_workflow_runs SET status = %s, output = %s, error = %s, event_count = %s, updated_at = %s,"
+        " started_at = %s, completed_at = %s WHERE run_id = %s",
+        "INSERT INTO celery_workflow_events",
+        "INSERT INTO celery_workflow_steps",
+    ]
+    # the run never had a hook or a wait: its end deletes none (nor locks tokens), and notifies its waiters
+    assert not any("hook" in sql or "waits" in sql or sql.startswith(("BEGIN", "COMMIT")) for sql in last), last
+    assert last[-1].startswith("SELECT pg_notify")
+    assert pg_world.get_run(run_id).status is RunStatus.COMPLETED

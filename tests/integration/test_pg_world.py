@@ -449,7 +449,7 @@ def test_a_new_run_assumed_fresh_takes_its_first_append_in_one_round_trip(
 ) -> None:
     """The runtime's hint for a first delivery's opening: one round trip for the first append; a wrong guess (the run
     was cancelled meanwhile) is caught by the events' primary key and the append is refused as it should be."""
-    from celery_workflow._postgres.database import Script
+    from celery_workflow._postgres.script import Script
 
     world = PostgresWorld.open(pg_url)
     try:
