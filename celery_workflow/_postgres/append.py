@@ -54,6 +54,7 @@ from celery_workflow._postgres.rows import (
     RUN,
     TABLE,
     TOKEN_LOCK_SPACE,
+    end_notice,
     event_row,
     insert_sql,
     token_lock_keys,
@@ -220,7 +221,7 @@ class PgAppend:
         if request.ack is not None:
             queue.add_delete_claim(script, request.ack)
         if plan.run_ended:
-            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (plan.run.run_id,))
+            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (end_notice(plan.run),))
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ import random
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
@@ -70,6 +71,7 @@ def notify_sql(channel: str, payload: str = "%s") -> str:
 
 
 _MAX_KEYS = 10_000
+_MAX_CARRIED = 1_024
 # InvalidSqlStatementName: what a connection prepared was deallocated under it (a pool's DISCARD ALL); a script
 # forgets its names on it, so the next attempt prepares them again.
 _RETRYABLE = (
@@ -309,9 +311,10 @@ class PgDatabase:
             return self._listener
 
 
-#: Session settings of the pools PgDatabase opens. Every statement here is prepared (psycopg prepares a statement
-#: after a few runs) and looks rows up by key; a generic plan serves them all, where the default would plan most of
-#: them anew on every execution (their custom plans look cheaper), which costs more than running them.
+#: Session settings of the pools PgDatabase opens. The statements that run often are scripts, prepared on each
+#: connection (see celery_workflow._postgres.script), and look rows up by key; a generic plan serves them all, where
+#: the default would plan most of them anew on every execution (their custom plans look cheaper), which costs more
+#: than running them.
 _SESSION = "SET plan_cache_mode = force_generic_plan"
 
 
@@ -439,7 +442,12 @@ def _break(conn: psycopg.Connection[Any]) -> None:
 
 
 class Listener:
-    """One ``LISTEN`` connection and a thread that counts notifications per (channel, payload)."""
+    """One ``LISTEN`` connection and a thread that counts notifications per (channel, key).
+
+    A payload's first line is its key (a queue name, a run id, a stream's key); what follows it, if anything, is
+    kept as the last thing carried for that key (:meth:`carried`; a run's end carries the run's record), for the
+    :data:`_MAX_CARRIED` keys heard last.
+    """
 
     def __init__(self, conninfo: str, channels: Iterable[str], *, ready_timeout: float = 5.0) -> None:
         """``ready_timeout``: how long the constructor waits for the first connection (or its failure)."""
@@ -448,6 +456,7 @@ class Listener:
         self.tag = ""  # the schema's tag, set on connecting (see SCHEMA_TAG)
         self._cond = threading.Condition()
         self._generations: dict[tuple[str, str | None], int] = {}
+        self._carried: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._epoch = 0  # bumped on (re)connect: every waiter re-checks
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -524,6 +533,18 @@ class Listener:
                 # waiter, which re-checks the database (a spurious wake-up, never a missed one)
                 self._generations = {k: v for k, v in self._generations.items() if k[1] is None}
                 self._epoch += 1
-            for key in ((channel, None), (channel, payload)):
-                self._generations[key] = self._generations.get(key, 0) + 1
+            key, _, carried = payload.partition("\n")
+            for counted in ((channel, None), (channel, key)):
+                self._generations[counted] = self._generations.get(counted, 0) + 1
+            if carried:
+                self._carried[(channel, key)] = carried
+                self._carried.move_to_end((channel, key))
+                if len(self._carried) > _MAX_CARRIED:
+                    self._carried.popitem(last=False)
             self._cond.notify_all()
+
+    def carried(self, channel: str, key: str) -> str | None:
+        """What the last notification on ``channel`` for ``key`` carried after its key (None: nothing, or not
+        heard, or forgotten)."""
+        with self._cond:
+            return self._carried.get((channel, key))

@@ -27,7 +27,7 @@ from psycopg.generators import fetch_many, pipeline_communicate
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Result", "Script", "commit_setting", "forget_prepared", "no_auto_prepare"]
+__all__ = ["Result", "Script", "commit_setting", "forget_prepared", "no_auto_prepare", "query"]
 
 _ATTRIBUTE = "_celery_workflow_prepared"
 _PLACEHOLDER = re.compile(r"%(?:%|s|\((\w+)\)s)")
@@ -86,6 +86,13 @@ class Result:
 
     def one(self) -> Any:
         return self.rows[0] if self.rows else None
+
+
+def query(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Result:
+    """Run one statement as a script (prepared on the connection, when it has parameters); its result."""
+    script = Script(conn)
+    script.add(sql, params)
+    return script.send()[0]
 
 
 def commit_setting(durable: bool) -> str:

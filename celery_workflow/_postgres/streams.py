@@ -27,6 +27,7 @@ from celery_workflow import ids
 from celery_workflow._backend.checks import check_chunks, check_stream_name
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.database import CHANNEL_STREAMS, PgDatabase, notify_sql
+from celery_workflow._postgres.script import Script, query
 from celery_workflow.errors import EventConflict, RunNotFound
 from celery_workflow.world import StreamChunk, StreamPage
 
@@ -45,7 +46,7 @@ def stream_key(run_id: str, name: str) -> str:
 
 def _lock_run(conn: Conn, run_id: str) -> None:
     """Share-lock the run row (it cannot be deleted until commit); RunNotFound when there is none."""
-    if conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR KEY SHARE", (run_id,)).fetchone() is None:
+    if query(conn, "SELECT 1 FROM celery_workflow_runs WHERE run_id = %s FOR KEY SHARE", (run_id,)).one() is None:
         raise RunNotFound(f"run {run_id} does not exist")
 
 
@@ -68,37 +69,43 @@ class PgStreams:
             now = ids.utcnow()
             _lock_run(conn, run_id)
             if attempts > 1 and data:  # did an earlier attempt commit before its connection was lost?
-                done = conn.execute(
+                done = query(
+                    conn,
                     "SELECT max(idx) FROM celery_workflow_stream_chunks WHERE run_id = %s AND name = %s"
                     " AND write_id = %s",
                     (run_id, name, write_id),
-                ).fetchone()
+                ).one()
                 if done is not None and done[0] is not None:
                     return int(done[0]) + 1
-            conn.execute(
+            query(
+                conn,
                 "INSERT INTO celery_workflow_streams (run_id, name, closed, chunk_count, created_at, updated_at)"
                 " VALUES (%s, %s, false, 0, %s, %s) ON CONFLICT (run_id, name) DO NOTHING",
                 (run_id, name, now, now),
             )
-            state = conn.execute(
+            state = query(
+                conn,
                 "SELECT closed, chunk_count FROM celery_workflow_streams WHERE run_id = %s AND name = %s FOR UPDATE",
                 (run_id, name),
-            ).fetchone()
+            ).one()
             assert state is not None  # inserted above, and the run (so the stream) cannot be deleted meanwhile
             if state[0]:
                 raise EventConflict(f"stream {name!r} of run {run_id} is closed")
             count = int(state[1])
             if data:
-                conn.cursor().executemany(
-                    "INSERT INTO celery_workflow_stream_chunks (run_id, name, idx, data, created_at, write_id)"
-                    " VALUES (%s, %s, %s, %s, %s, %s)",
-                    [(run_id, name, count + i, chunk, now, write_id) for i, chunk in enumerate(data)],
-                )
-                conn.execute(
+                script = Script(conn)  # one round trip: the chunks, the count, the notification
+                for i, chunk in enumerate(data):
+                    script.add(
+                        "INSERT INTO celery_workflow_stream_chunks (run_id, name, idx, data, created_at, write_id)"
+                        " VALUES (%s, %s, %s, %s, %s, %s)",
+                        (run_id, name, count + i, chunk, now, write_id),
+                    )
+                script.add(
                     "UPDATE celery_workflow_streams SET chunk_count = %s, updated_at = %s WHERE run_id = %s AND name = %s",
                     (count + len(data), now, run_id, name),
                 )
-                conn.execute(_NOTIFY_STREAM, (stream_key(run_id, name),))
+                script.add(_NOTIFY_STREAM, (stream_key(run_id, name),))
+                script.send()
             return count + len(data)
 
         return self.db.run(tx, what="stream write")
@@ -109,13 +116,14 @@ class PgStreams:
         def tx(conn: Conn) -> None:
             now = ids.utcnow()
             _lock_run(conn, run_id)
-            conn.execute(
+            query(
+                conn,
                 "INSERT INTO celery_workflow_streams (run_id, name, closed, chunk_count, created_at, updated_at)"
                 " VALUES (%s, %s, true, 0, %s, %s) ON CONFLICT (run_id, name) DO UPDATE SET closed = true,"
                 " updated_at = excluded.updated_at WHERE celery_workflow_streams.closed = false",
                 (run_id, name, now, now),
             )
-            conn.execute(_NOTIFY_STREAM, (stream_key(run_id, name),))
+            query(conn, _NOTIFY_STREAM, (stream_key(run_id, name),))
 
         self.db.run(tx, what="stream close")
 
@@ -136,15 +144,16 @@ class PgStreams:
 
     def _read(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
         def tx(conn: Conn) -> StreamPage:
-            rows = conn.execute(
+            rows = query(
+                conn,
                 "SELECT s.closed, s.chunk_count, c.idx, c.data FROM celery_workflow_streams AS s"
                 " LEFT JOIN LATERAL (SELECT idx, data FROM celery_workflow_stream_chunks"
                 "  WHERE run_id = s.run_id AND name = s.name AND idx >= %s ORDER BY idx LIMIT %s) AS c ON true"
                 " WHERE s.run_id = %s AND s.name = %s ORDER BY c.idx",
                 (start, None if limit is None else max(limit, 0), run_id, name),
-            ).fetchall()
+            ).rows
             if not rows:
-                if conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone() is None:
+                if query(conn, "SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).one() is None:
                     raise RunNotFound(f"run {run_id} does not exist")
                 return StreamPage([], False, start)
             closed, count = bool(rows[0][0]), int(rows[0][1])
@@ -156,12 +165,12 @@ class PgStreams:
 
     def names(self, run_id: str) -> list[str]:
         def tx(conn: Conn) -> list[str]:
-            rows = conn.execute(
-                "SELECT name FROM celery_workflow_streams WHERE run_id = %s ORDER BY name", (run_id,)
-            ).fetchall()
+            rows = query(
+                conn, "SELECT name FROM celery_workflow_streams WHERE run_id = %s ORDER BY name", (run_id,)
+            ).rows
             if (
                 not rows
-                and conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone() is None
+                and query(conn, "SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).one() is None
             ):
                 raise RunNotFound(f"run {run_id} does not exist")
             return [str(r[0]) for r in rows]

@@ -61,8 +61,20 @@ from celery_workflow._postgres.config import PostgresConfig, config_with, postgr
 from celery_workflow._postgres.database import CHANNEL_RUNS, PgDatabase
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._postgres.retention import RetentionSweeper, sweep_expired
-from celery_workflow._postgres.rows import CODEC, COLUMNS, EVENT, HOOK, HOOK_H, RUN, STEP, WAIT, event_row, insert_sql
-from celery_workflow._postgres.script import Script
+from celery_workflow._postgres.rows import (
+    CODEC,
+    COLUMNS,
+    EVENT,
+    HOOK,
+    HOOK_H,
+    RUN,
+    STEP,
+    WAIT,
+    ended_run,
+    event_row,
+    insert_sql,
+)
+from celery_workflow._postgres.script import Script, query
 from celery_workflow._postgres.streams import PgStreams
 from celery_workflow.errors import HookNotFound, RunNotFound, StepNotFound, WorldError
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
@@ -192,15 +204,15 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
 
     def _one(self, what: str, sql: str, params: Sequence[Any]) -> Any:
         """The first row of one statement (one round trip), or None."""
-        return self.db.run(lambda conn: conn.execute(sql, params).fetchone(), what=what, transaction=False)
+        return self.db.run(lambda conn: query(conn, sql, params).one(), what=what, transaction=False)
 
     def _rows(self, what: str, sql: str, params: Sequence[Any], run_id: str | None = None) -> list[Any]:
         """The rows of one statement; RunNotFound when there are none and ``run_id`` names no run."""
 
         def tx(conn: Conn) -> list[Any]:
-            stored = conn.execute(sql, params).fetchall()
+            stored = query(conn, sql, params).rows
             if not stored and run_id is not None:
-                found = conn.execute("SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).fetchone()
+                found = query(conn, "SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).one()
                 if found is None:
                     raise RunNotFound(f"run {run_id} does not exist")
             return stored
@@ -307,13 +319,19 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         LISTEN connection wakes every waiter when it is back). It re-checks only every :data:`WAITER_RECHECK`
         seconds otherwise: re-reading every ``poll_interval`` cost each waiting client four reads a second, so the
         reads (and commits) per step grew with the number of runs in flight and their latency."""
+        listener = self.db.listener
+
+        def read() -> RunView:
+            carried = listener.carried(CHANNEL_RUNS, run_id)  # the run's end NOTIFY carries its record, if small
+            return self.get_run(run_id) if carried is None else ended_run(carried)
+
         return wait_until(
-            lambda: self.get_run(run_id),
+            read,
             lambda view: view.status.terminal,
             timeout=timeout,
             poll_interval=max(self.poll_interval, WAITER_RECHECK),
-            mark=lambda: self.db.listener.mark(CHANNEL_RUNS, run_id),
-            wait=lambda mark, left: self.db.listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
+            mark=lambda: listener.mark(CHANNEL_RUNS, run_id),
+            wait=lambda mark, left: listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
         )
 
     # -- retention -----------------------------------------------------------------------------------------------

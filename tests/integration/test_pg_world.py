@@ -444,6 +444,38 @@ def test_a_waiter_for_a_runs_end_does_not_reread_it_every_poll_interval(pg_url: 
         world.close()
 
 
+@pytest.mark.parametrize("output", [{"total": 3, "note": "é ✓"}, "x" * 2000])
+def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str, output: Any) -> None:
+    """A run's end NOTIFY carries the run's record when it is small: a waiter woken by it returns the run as stored
+    without reading it; a larger run is read as before."""
+    world, other = PostgresWorld.open(pg_url), PostgresWorld.open(pg_url)
+    try:
+        run_id = _new_run(world)
+        reads: list[str] = []
+        original = world.get_run
+
+        def counting(rid: str) -> RunView:
+            reads.append(rid)
+            return original(rid)
+
+        world.get_run = counting  # type: ignore[method-assign]
+        waited: list[RunView] = []
+        waiter = threading.Thread(target=lambda: waited.append(world.wait_for_terminal(run_id, 10.0)))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while not reads and time.monotonic() < deadline:  # the waiter's first look (it found the run running)
+            time.sleep(0.005)
+        other.append(run_id, [NewEvent(EventType.RUN_COMPLETED, None, {"output": output})])
+        waiter.join(10)
+        ended = waited[0]
+        assert ended == original(run_id)  # every field, as stored
+        assert ended.output == output and ended.status is RunStatus.COMPLETED
+        assert len(reads) == (1 if len(str(output)) < 100 else 2)  # the first look; the big one read again
+    finally:
+        world.close()
+        other.close()
+
+
 def test_a_new_run_assumed_fresh_takes_its_first_append_in_one_round_trip(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
