@@ -425,19 +425,25 @@ def test_wait_for_terminal_wakes_on_a_notify_from_another_process(pg_url: str) -
         world.close()
 
 
+def count_reads(world: PostgresWorld) -> list[str]:
+    """The run ids ``world.get_run`` is called with from now on."""
+    reads: list[str] = []
+    original = world.get_run
+
+    def counting(run_id: str) -> RunView:
+        reads.append(run_id)
+        return original(run_id)
+
+    world.get_run = counting  # type: ignore[method-assign]
+    return reads
+
+
 def test_a_waiter_for_a_runs_end_does_not_reread_it_every_poll_interval(pg_url: str) -> None:
     """Its end is notified: waiting clients do not poll the run (their reads would grow with the runs in flight)."""
     world = PostgresWorld.open(pg_url, poll_interval=0.05)
     try:
         run_id = _new_run(world)
-        reads: list[str] = []
-        original = world.get_run
-
-        def counting(rid: str) -> RunView:
-            reads.append(rid)
-            return original(rid)
-
-        world.get_run = counting  # type: ignore[method-assign]
+        reads = count_reads(world)
         assert world.wait_for_terminal(run_id, 1.0).status is not RunStatus.COMPLETED
         assert len(reads) <= 2  # the first look and the last; not one per 50 ms
     finally:
@@ -451,14 +457,7 @@ def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str
     world, other = PostgresWorld.open(pg_url), PostgresWorld.open(pg_url)
     try:
         run_id = _new_run(world)
-        reads: list[str] = []
-        original = world.get_run
-
-        def counting(rid: str) -> RunView:
-            reads.append(rid)
-            return original(rid)
-
-        world.get_run = counting  # type: ignore[method-assign]
+        reads = count_reads(world)
         waited: list[RunView] = []
         waiter = threading.Thread(target=lambda: waited.append(world.wait_for_terminal(run_id, 10.0)))
         waiter.start()
@@ -468,7 +467,7 @@ def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str
         other.append(run_id, [NewEvent(EventType.RUN_COMPLETED, None, {"output": output})])
         waiter.join(10)
         ended = waited[0]
-        assert ended == original(run_id)  # every field, as stored
+        assert ended == other.get_run(run_id)  # every field, as stored
         assert ended.output == output and ended.status is RunStatus.COMPLETED
         assert len(reads) == (1 if len(str(output)) < 100 else 2)  # the first look; the big one read again
     finally:
