@@ -191,7 +191,7 @@ class PgAppend:
         kept = tx.kept
         script = Script(tx.conn)
         if not request.durable:
-            script.add(commit_setting(False))
+            script.add(*commit_setting(False))
         hooks = bool(kept.hooks or plan.hooks_inserted)
         disposed = request.disposed_hooks
         if (request.ends_run and hooks) or disposed:

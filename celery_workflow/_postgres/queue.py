@@ -138,7 +138,7 @@ class PostgresQueue:
             # one round trip, one implicit transaction (a set_config that is local to it, when it commits otherwise)
             script = Script(conn)
             if setting is not None:
-                script.add(commit_setting(setting))
+                script.add(*commit_setting(setting))
             index = script.add(sql, params)
             result = script.send()[index]
             return result.rows, result.rowcount

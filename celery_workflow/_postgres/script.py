@@ -95,11 +95,12 @@ def query(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> Result
     return script.send()[0]
 
 
-def commit_setting(durable: bool) -> str:
-    """The statement that makes the transaction it is in commit on disk (True) or without waiting for the disk
-    (False), whatever the session says. It lasts to that commit, also in a script's implicit transaction (where
-    ``SET LOCAL`` would warn that it is outside a transaction block, though it works)."""
-    return f"SELECT set_config('synchronous_commit', '{'on' if durable else 'off'}', true)"
+def commit_setting(durable: bool) -> tuple[str, tuple[str]]:
+    """The statement (and its parameter, for :meth:`Script.add`) that makes the transaction it is in commit on disk
+    (True) or without waiting for the disk (False), whatever the session says. It lasts to that commit, also in a
+    script's implicit transaction (where ``SET LOCAL`` would warn that it is outside a transaction block, though it
+    works)."""
+    return "SELECT set_config('synchronous_commit', %s, true)", ("on" if durable else "off",)
 
 
 def no_auto_prepare(conn: psycopg.Connection[Any]) -> None:

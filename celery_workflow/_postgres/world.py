@@ -171,11 +171,11 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         write_id = uuid.uuid4().hex
 
         def tx(conn: Conn) -> tuple[RunView, bool]:
-            # One round trip: the run, its first event and its deliveries are inserted only if the run is new (the
-            # event and the deliveries are conditional on the event row this call wrote), then the run as stored
-            # and whether this call wrote it, which also answers a retry whose first commit lost its answer.
+            # One round trip, one implicit transaction: the run, its first event and its deliveries are inserted
+            # only if the run is new (the event and the deliveries are conditional on the event row this call
+            # wrote), then the run as stored and whether this call wrote it, which also answers a retry whose first
+            # commit lost its answer.
             script = Script(conn)
-            script.begin()
             script.add(
                 insert_sql("celery_workflow_runs", list(values)) + " ON CONFLICT DO NOTHING", tuple(values.values())
             )
@@ -190,7 +190,6 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             gate = {"w_run": run.run_id, "w_id": write_id}
             self.store.add_inserts(script, deliveries, when=(mine, gate))
             stored = script.add(f"SELECT {RUN}, {mine} FROM celery_workflow_runs WHERE run_id = %(w_run)s", gate)
-            script.add("COMMIT")
             found = script.send()[stored].one()
             if found is None:  # pragma: no cover - the row was inserted or existed in this transaction
                 raise WorldError(f"run {run.run_id} kept appearing and disappearing")

@@ -185,7 +185,7 @@ def test_a_kept_append_is_one_implicit_transaction_with_only_the_writes_the_run_
     lazy, last = scripts
     # no BEGIN/COMMIT (the pipeline's end commits), the run's UPDATE locks it first, the events' key checks the plan
     assert lazy == [
-        "SELECT set_config('synchronous_commit', 'off', true)",
+        "SELECT set_config('synchronous_commit', %s, true)",
         "UPDATE celery_workflow_runs SET status = %s, output = %s, error = %s, event_count = %s, updated_at = %s,"
         " started_at = %s, completed_at = %s WHERE run_id = %s",
         "INSERT INTO celery_workflow_events",

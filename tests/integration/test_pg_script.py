@@ -80,7 +80,7 @@ def test_a_transaction_may_span_two_sends(conn: psycopg.Connection[Any]) -> None
 def test_commit_setting_lasts_to_the_commit_of_an_implicit_transaction(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET synchronous_commit = off")
     script = Script(conn)
-    script.add(commit_setting(True))
+    script.add(*commit_setting(True))
     check = script.add("SELECT current_setting('synchronous_commit')")
     assert script.send()[check].rows == [("on",)]
     row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
