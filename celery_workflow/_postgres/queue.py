@@ -720,6 +720,10 @@ class PostgresQueue:
                 return False
             listener.wait(CHANNEL_QUEUE, current, left)
 
+    def mark(self, key: str) -> Any:
+        """The notification mark of one key of the queue channel (a queue's name, or a key :meth:`poke` wakes)."""
+        return self.db.listener.mark(CHANNEL_QUEUE, key)
+
     def poke(self, key: str) -> None:
         """Wake this process's waiters on ``key`` as a notification would (no database round trip, no NOTIFY)."""
         self.db.listener.poke(CHANNEL_QUEUE, key)

@@ -230,6 +230,26 @@ class Transport(StoreTransport):
         """Notification marks of ``queues`` and of this transport's wake-up key (taken before claiming)."""
         return self.pg_queue.change_token([*queues, self._wake_key])
 
+    def wait_for_change(self, token: Any, timeout: float) -> bool:
+        """Block until one of the queues of ``token`` is notified after it, or until ``timeout``; True if one was.
+
+        A wake-up alone (an ack freed prefetch room, :meth:`wake`) ends the wait but is no change of the store: the
+        consumer looks at its queues again and claims only if one of them was notified since its last claim (the
+        queues' marks in ``token`` stay as they were; the wake-up's mark moves on), or is due. Counting it as a
+        change made every ack claim at once, finding nothing but holding up the claim of the next message the
+        notification of which arrived meanwhile."""
+        queue = self.pg_queue
+        if not queue.wait_for_change(token, timeout):
+            return False
+        _, marks = token
+        if marks is None or self._wake_key not in marks:
+            return True
+        woken = queue.mark(self._wake_key)
+        if any(queue.mark(q) != mark for q, mark in marks.items() if q != self._wake_key):
+            return True
+        marks[self._wake_key] = woken
+        return False
+
     def wake(self) -> None:
         """Wake this connection's consumer if it is waiting (called from any thread)."""
         if self._store is not None:

@@ -251,6 +251,40 @@ def test_room_freed_while_the_consumer_looks_is_taken_without_waiting(
     assert [b["n"] for b, _ in got] == [1, 2]
 
 
+def test_an_ack_wakes_the_consumer_without_a_claim_unless_its_queue_was_notified(
+    connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ack frees prefetch room and wakes the consumer; it claims only if its queue was notified meanwhile (a
+    claim for nothing held up the claim of the next message, whose notification came during it)."""
+    conn = connect(**SLOW_POLLING)
+    store = conn.transport.pg_queue
+    polls: list[list[str]] = []
+    original_poll = store.poll
+
+    def counting(queues: Any, **kwargs: Any) -> Any:
+        polls.append(list(queues))
+        return original_poll(queues, **kwargs)
+
+    monkeypatch.setattr(store, "poll", counting)
+    got: list[Any] = []
+    channel = conn.channel()
+    channel.basic_qos(0, 1, False)
+    with Consumer(channel, [Queue("acked")], callbacks=[collector(got, ack=False)], accept=["json"]):
+        producer = Producer(connect().channel())
+        producer.publish({"n": 1}, routing_key="acked")
+        drain(conn, lambda: len(got) == 1)
+        polls.clear()
+        got[0][1].ack()  # room again, and a wake-up
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.3)
+        assert polls == []  # looked again, claimed nothing
+        producer.publish({"n": 2}, routing_key="acked")
+        drain(conn, lambda: len(got) == 2)
+        assert len(polls) == 1  # the notification: one claim
+        got[1][1].ack()
+    assert [b["n"] for b, _ in got] == [1, 2]
+
+
 def test_consumers_survive_terminated_backends(
     connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
 ) -> None:
