@@ -541,6 +541,8 @@ class Listener:
                 self._carried.move_to_end((channel, key))
                 if len(self._carried) > _MAX_CARRIED:
                     self._carried.popitem(last=False)
+            else:
+                self._carried.pop((channel, key), None)  # the last notification of the key carried nothing
             self._cond.notify_all()
 
     def carried(self, channel: str, key: str) -> str | None:

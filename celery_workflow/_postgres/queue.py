@@ -164,7 +164,11 @@ class PostgresQueue:
         """Queue the inserts of ``deliveries`` (with their NOTIFY) on a caller's :class:`Script`; the indexes of
         their results (one row each when stored, none when deduplicated). ``when``: an SQL condition (with its own
         ``%(name)s`` parameters) a delivery is stored under, evaluated by the statement."""
-        sql = stmt.INSERT if when is None else stmt.INSERT_WHEN.replace("{when}", when[0])
+        alone = len(deliveries) == 1  # then announced with its row id (see queue_sql.NOTIFY_ROW)
+        if when is None:
+            sql = stmt.INSERT_ALONE if alone else stmt.INSERT
+        else:
+            sql = (stmt.INSERT_WHEN_ALONE if alone else stmt.INSERT_WHEN).replace("{when}", when[0])
         extra = {} if when is None else dict(when[1])
         return [
             script.add(
@@ -366,7 +370,7 @@ class PostgresQueue:
         """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated."""
         rows = self._rows(
             "put",
-            stmt.INSERT,
+            stmt.INSERT_ALONE,
             commit_mode="disk",
             queue=queue,
             payload=bytes(payload),
@@ -429,6 +433,15 @@ class PostgresQueue:
         taken = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
         claims = [claimed(r[0], r[1], r[2], r[3], r[4]) for r in taken]
         return claims, {str(r[1]): now + float(r[6]) for r in rows if r[0] is None}
+
+    def claim_notified(self, queue: str, row_id: int, *, lease: float = 60.0) -> list[ClaimedDelivery]:
+        """Lease the row a notification of ``queue`` announced (see ``NOTIFY_ROW``), if it is still claimable and no
+        other claim has it: one index lookup by key, where :meth:`poll` looks through every queue. The caller knows
+        it is the queue's only claimable row (else it must :meth:`poll`, which claims the oldest first)."""
+        rows = self._rows(
+            "claim", stmt.CLAIM_NOTIFIED, commit_mode="lazy", id=row_id, queue=queue, lease=timedelta(seconds=lease)
+        )
+        return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def due_times(self, queues: Sequence[str]) -> dict[str, float]:
         """For each of ``queues`` holding a row: epoch seconds (this process's clock) at which its next row becomes
@@ -723,6 +736,10 @@ class PostgresQueue:
     def mark(self, key: str) -> Any:
         """The notification mark of one key of the queue channel (a queue's name, or a key :meth:`poke` wakes)."""
         return self.db.listener.mark(CHANNEL_QUEUE, key)
+
+    def carried(self, key: str) -> str | None:
+        """What the last notification of ``key`` carried after the queue's name (a row id, see ``NOTIFY_ROW``)."""
+        return self.db.listener.carried(CHANNEL_QUEUE, key)
 
     def poke(self, key: str) -> None:
         """Wake this process's waiters on ``key`` as a notification would (no database round trip, no NOTIFY)."""

@@ -44,6 +44,12 @@ CLAIMABLE = (
     f" AND (q.expires_at IS NULL OR q.expires_at > {NOW})"
 )
 
+# A message due at once, inserted alone in its transaction, is announced with its row id after the queue's name
+# (second line): an idle consumer may claim that row by its key (CLAIM_NOTIFIED) instead of looking through the
+# queue. Several inserted together are announced by the queue's name alone (one notification per queue and
+# transaction: Postgres folds identical payloads).
+NOTIFY_ROW = notify_sql(CHANNEL_QUEUE, "CASE WHEN due THEN queue || E'\\n' || id ELSE queue END")
+
 INSERT_WHEN = f"""
 WITH ins AS (
     INSERT INTO {Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
@@ -52,11 +58,13 @@ WITH ins AS (
     FROM (SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now) AS t
     WHERE {{when}}
     ON CONFLICT DO NOTHING
-    RETURNING queue
+    RETURNING queue, id, not_before <= created_at AS due
 )
 SELECT {NOTIFY} FROM ins
 """
 INSERT = INSERT_WHEN.replace("{when}", "true")
+INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {NOTIFY_ROW} FROM ins")
+INSERT_ALONE = INSERT_WHEN_ALONE.replace("{when}", "true")
 
 FANOUT = f"""
 WITH ins AS (
@@ -73,6 +81,20 @@ SELECT {NOTIFY} FROM ins
 # A lease still set when a row is claimed again has run out: the delivery it covered failed.
 LEASE_EXPIRED_SQL = "'" + LEASE_EXPIRED.replace("'", "''") + "'"
 
+# What a claim sets on a row it leases (a lease still set has run out: the delivery it covered failed).
+LEASE = f"""lease_until = {NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL,
+        first_failed_at = COALESCE(q.first_failed_at, q.lease_until),
+        last_failed_at = COALESCE(q.lease_until, q.last_failed_at),
+        last_error = CASE WHEN q.lease_until IS NULL THEN q.last_error ELSE {LEASE_EXPIRED_SQL} END"""
+
+# The claim of one row by its key, as announced by NOTIFY_ROW (skipped, like RECEIVE, when another claim has it).
+CLAIM_NOTIFIED = f"""
+UPDATE {Q} AS q SET {LEASE}
+WHERE q.id = (SELECT q.id FROM {Q} AS q WHERE q.id = %(id)s AND q.queue = %(queue)s AND {CLAIMABLE}
+              FOR UPDATE SKIP LOCKED)
+RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id
+"""
+
 # The claim. The rows picked are then updated (or deleted) by id through ``id = ANY(ARRAY(…))``, an index lookup on
 # the primary key in every plan: joined to ``picked`` instead, the generic plan our sessions use
 # (``plan_cache_mode``) scanned the whole table once per claim, 100,000 sleeping rows costing 45 ms a claim.
@@ -87,10 +109,7 @@ WITH picked AS (
     ) AS c
     ORDER BY c.not_before, c.id LIMIT %(limit)s
 ), leased AS (
-    UPDATE {Q} AS q SET lease_until = {NOW} + %(lease)s, attempts = q.attempts + 1, idempotency_key = NULL,
-        first_failed_at = COALESCE(q.first_failed_at, q.lease_until),
-        last_failed_at = COALESCE(q.lease_until, q.last_failed_at),
-        last_error = CASE WHEN q.lease_until IS NULL THEN q.last_error ELSE {LEASE_EXPIRED_SQL} END
+    UPDATE {Q} AS q SET {LEASE}
     WHERE q.id = ANY(ARRAY(SELECT id FROM picked WHERE queue <> ALL(%(no_ack)s::text[])))
     RETURNING q.id, q.queue, q.payload, q.attempts, q.run_id, q.not_before
 ), taken AS (

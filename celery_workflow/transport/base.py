@@ -69,7 +69,7 @@ from celery_workflow.transport.store import (
     dumps,
     message_due,
 )
-from celery_workflow.world import Claim
+from celery_workflow.world import Claim, ClaimedDelivery
 
 # the storage protocol and the message helpers live in .store; importable from here too
 __all__ = [
@@ -585,7 +585,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         Returns True if a message was delivered.
         """
         no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}.intersection(queues)
-        claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
+        claims = self._claim(queues, no_ack)
         self._polled, self._last_poll, self._dirty = set(queues), monotonic(), False
         delivered = decode_claims(
             self.store, claims, no_ack, cap=self.backoff_cap, limit_of=self.delivery_limit, dead=self.dead_lettered
@@ -593,6 +593,12 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         for payload, queue in delivered:
             self._deliver(payload, queue)
         return bool(delivered)
+
+    def _claim(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
+        """Claim up to :meth:`poll_limit` due messages of ``queues`` (one :meth:`BrokerStore.poll`) and remember when
+        each queue has its next message due."""
+        claims, self._due = self.store.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
+        return claims
 
     def delivery_limit(self, queue: str) -> int | None:
         """How many deliveries a message of ``queue`` gets before it is dead-lettered (None: no limit): the

@@ -61,7 +61,9 @@ Transport Options
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -74,6 +76,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from celery_workflow._postgres.database import PgDatabase
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
+from celery_workflow.world import ClaimedDelivery
 
 __all__ = ["Channel", "Transport", "broker_database", "close_store", "conninfo", "mask_password", "shared_queue"]
 
@@ -229,6 +232,36 @@ class Transport(StoreTransport):
     def change_token(self, queues: Sequence[str]) -> Any:
         """Notification marks of ``queues`` and of this transport's wake-up key (taken before claiming)."""
         return self.pg_queue.change_token([*queues, self._wake_key])
+
+    def _claim(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
+        """Claim the row a notification announced by its key when :meth:`_notified_row` finds one, else (or when
+        another consumer had it) look through the queues as every store does."""
+        notified = self._notified_row(queues, no_ack)
+        if notified is not None:
+            claims = self.pg_queue.claim_notified(*notified, lease=self.lease_seconds)
+            if claims:
+                return claims
+        return super()._claim(queues, no_ack)
+
+    def _notified_row(self, queues: list[str], no_ack: set[str]) -> tuple[str, int] | None:
+        """The queue and row id of the one message announced since the last claim, when it is the queue's only
+        claimable row: the only notification of these queues since then, on a queue that had nothing claimable at
+        that claim (else its older rows go first) and that is not a no-ack queue."""
+        token = self._token
+        marks = None if token is None else token[1]
+        if marks is None:
+            return None
+        store = self.pg_queue
+        changed = [(q, store.mark(q)) for q in queues if store.mark(q) != marks.get(q)]
+        if len(changed) != 1:
+            return None
+        (name, now), before = changed[0], marks.get(changed[0][0])
+        if before is None or name in no_ack or now[0] != before[0] or now[1] - before[1] != 1:
+            return None
+        if self._due.get(name, math.inf) <= time.time():
+            return None
+        carried = store.carried(name)
+        return (name, int(carried)) if carried is not None and carried.isdigit() else None
 
     def wait_for_change(self, token: Any, timeout: float) -> bool:
         """Block until one of the queues of ``token`` is notified after it, or until ``timeout``; True if one was.

@@ -128,8 +128,14 @@ def test_notify_is_sent_in_the_inserting_transaction(queue: PostgresQueue, url: 
             deadline = time.monotonic() + (5.0 if expected else 0.3)
             got: list[str] = []
             while (left := deadline - time.monotonic()) > 0 and (not expected or len(got) < expected):
-                got += [n.payload for n in listener.notifies(timeout=left, stop_after=1) if n.payload.endswith(tag)]
+                for n in listener.notifies(timeout=left, stop_after=1):
+                    key, _, carried = n.payload.partition("\n")
+                    if key.endswith(tag):
+                        got.append(key)
+                        announced.append(carried)
             return got
+
+        announced: list[str] = []  # what each notification carried after the queue's name
 
         with queue.db.pool.connection() as conn:
             with conn.transaction():
@@ -141,8 +147,12 @@ def test_notify_is_sent_in_the_inserting_transaction(queue: PostgresQueue, url: 
                 queue.insert(conn, [Delivery(jobs, b"rolled back")])
                 raise RuntimeError
         assert heard() == []
+        assert announced == ["", ""]  # inserted together: the queue's name alone
+        announced.clear()
         queue.put(jobs, b"4", idempotency_key="k")
         assert heard(1) == [jobs]
+        row = max(queue.peek([jobs]), key=lambda m: m.id)
+        assert announced == [str(row.id)]  # inserted alone and due: its row id, to be claimed by its key
         queue.put(jobs, b"5", idempotency_key="k")  # deduplicated: nothing new, no notification
         assert heard() == []
         (claim,) = queue.claim([jobs])

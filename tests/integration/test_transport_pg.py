@@ -251,21 +251,27 @@ def test_room_freed_while_the_consumer_looks_is_taken_without_waiting(
     assert [b["n"] for b, _ in got] == [1, 2]
 
 
+def spy_claims(monkeypatch: pytest.MonkeyPatch, store: PostgresQueue) -> list[str]:
+    """Each claim statement the store runs from now on: "poll" (through the queues) or "notified" (by a row's key)."""
+    claims: list[str] = []
+    for name, kind in (("poll", "poll"), ("claim_notified", "notified")):
+        original = getattr(store, name)
+
+        def counting(*args: Any, _original: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
+            claims.append(_kind)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, counting)
+    return claims
+
+
 def test_an_ack_wakes_the_consumer_without_a_claim_unless_its_queue_was_notified(
     connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An ack frees prefetch room and wakes the consumer; it claims only if its queue was notified meanwhile (a
     claim for nothing held up the claim of the next message, whose notification came during it)."""
     conn = connect(**SLOW_POLLING)
-    store = conn.transport.pg_queue
-    polls: list[list[str]] = []
-    original_poll = store.poll
-
-    def counting(queues: Any, **kwargs: Any) -> Any:
-        polls.append(list(queues))
-        return original_poll(queues, **kwargs)
-
-    monkeypatch.setattr(store, "poll", counting)
+    claims = spy_claims(monkeypatch, conn.transport.pg_queue)
     got: list[Any] = []
     channel = conn.channel()
     channel.basic_qos(0, 1, False)
@@ -273,16 +279,57 @@ def test_an_ack_wakes_the_consumer_without_a_claim_unless_its_queue_was_notified
         producer = Producer(connect().channel())
         producer.publish({"n": 1}, routing_key="acked")
         drain(conn, lambda: len(got) == 1)
-        polls.clear()
+        claims.clear()
         got[0][1].ack()  # room again, and a wake-up
         with pytest.raises(TimeoutError):
             conn.drain_events(timeout=0.3)
-        assert polls == []  # looked again, claimed nothing
+        assert claims == []  # looked again, claimed nothing
         producer.publish({"n": 2}, routing_key="acked")
         drain(conn, lambda: len(got) == 2)
-        assert len(polls) == 1  # the notification: one claim
+        assert len(claims) == 1  # the notification: one claim
         got[1][1].ack()
     assert [b["n"] for b, _ in got] == [1, 2]
+
+
+def test_an_idle_consumer_claims_the_announced_row_by_its_key_and_a_backlog_oldest_first(
+    connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message due at once is announced with its row id: a consumer whose queue had nothing claimable claims that
+    row by its key. Two announcements since its last claim, or a row taken by someone else, and it looks through
+    the queue instead (oldest first), losing nothing."""
+    conn = connect(**SLOW_POLLING)
+    store = conn.transport.pg_queue
+    claims = spy_claims(monkeypatch, store)
+    got: list[Any] = []
+    channel = conn.channel()
+    channel.basic_qos(0, 1, False)
+    producer = Producer(connect().channel())
+    with Consumer(channel, [Queue("keyed")], callbacks=[collector(got, ack=False)], accept=["json"]):
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.2)  # an empty queue: the consumer has looked and waits
+        claims.clear()
+        producer.publish({"n": 1}, routing_key="keyed")
+        drain(conn, lambda: len(got) == 1)
+        assert claims == ["notified"]
+        # two messages while it has no room: the next claim goes through the queue, oldest first
+        producer.publish({"n": 2}, routing_key="keyed")
+        producer.publish({"n": 3}, routing_key="keyed")
+        claims.clear()
+        got[0][1].ack()
+        drain(conn, lambda: len(got) == 2)
+        got[1][1].ack()
+        drain(conn, lambda: len(got) == 3)
+        assert claims[0] == "poll" and [b["n"] for b, _ in got] == [1, 2, 3]
+        got[2][1].ack()
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.2)
+        # the announced row is taken by another consumer first: the claim by key finds nothing, the poll neither
+        claims.clear()
+        producer.publish({"n": 4}, routing_key="keyed")
+        assert [c.queue for c in store.receive(["keyed"], lease=30)] == ["keyed"]
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.3)
+        assert claims[:2] == ["notified", "poll"] and len(got) == 3
 
 
 def test_consumers_survive_terminated_backends(
