@@ -299,6 +299,13 @@ class PgDatabase:
 
     # -- notifications -------------------------------------------------------------------------------------------
 
+    def listening_mark(self, channel: str, key: str | None = None) -> tuple[int, int] | None:
+        """:meth:`Listener.mark` if this process listens already (None: it does not; nothing is started)."""
+        listener = self._listener
+        if listener is None or self._pid != os.getpid():
+            return None
+        return listener.mark(channel, key)
+
     @property
     def listener(self) -> Listener:
         _ = self.pool  # re-creates per-process state after a fork

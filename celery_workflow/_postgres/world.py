@@ -42,7 +42,9 @@ this process's clock (UTC, microseconds), as in the other Worlds; the queue's le
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -139,6 +141,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         self.streams = PgStreams(self.db, self.poll_interval)
         self._steps = PgAppend(self)
         self._sweeper: RetentionSweeper | None = None
+        self._created = _Created()
 
     @classmethod
     def open(
@@ -169,6 +172,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         view, first = template.prepare_run(run, deliveries, ids.utcnow())  # EventInvalid before any round trip
         values = CODEC.record("runs", view)
         write_id = uuid.uuid4().hex
+        before = self.db.listening_mark(CHANNEL_RUNS, run.run_id)  # see wait_for_terminal
 
         def tx(conn: Conn) -> tuple[RunView, bool]:
             # One round trip, one implicit transaction: the run, its first event and its deliveries are inserted
@@ -197,7 +201,10 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
                 return CODEC.run(found[:-1]), True
             return template.existing_run(CODEC.run(found[:-1]), run)
 
-        return self.db.run(tx, what="create_run", transaction=False)
+        stored, created = self.db.run(tx, what="create_run", transaction=False)
+        if created and before is not None:
+            self._created.put(run.run_id, (before, stored))
+        return stored, created
 
     # -- storage: reads ------------------------------------------------------------------------------------------
 
@@ -319,8 +326,18 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         seconds otherwise: re-reading every ``poll_interval`` cost each waiting client four reads a second, so the
         reads (and commits) per step grew with the number of runs in flight and their latency."""
         listener = self.db.listener
+        # A run this process created while it listened already needs no first look: the mark taken before its
+        # creation catches its end, however soon it comes, and the view create_run answered stands for the rest.
+        known = self._created.pop(run_id) if timeout is None or timeout > 0 else None
+
+        def mark() -> tuple[int, int]:
+            return known[0] if known is not None else listener.mark(CHANNEL_RUNS, run_id)
 
         def read() -> RunView:
+            nonlocal known
+            if known is not None:
+                view, known = known[1], None
+                return view
             carried = listener.carried(CHANNEL_RUNS, run_id)  # the run's end NOTIFY carries its record, if small
             return self.get_run(run_id) if carried is None else ended_run(carried)
 
@@ -329,7 +346,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             lambda view: view.status.terminal,
             timeout=timeout,
             poll_interval=max(self.poll_interval, WAITER_RECHECK),
-            mark=lambda: listener.mark(CHANNEL_RUNS, run_id),
+            mark=mark,
             wait=lambda mark, left: listener.wait(CHANNEL_RUNS, mark, left, key=run_id),
         )
 
@@ -374,3 +391,24 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             self._sweeper = None
         if self._owns_db:
             self.db.close()
+
+
+class _Created:
+    """The runs this process created lately while it listened for runs' ends: the listener's mark taken before each
+    creation and the view ``create_run`` answered (for :meth:`PostgresWorld.wait_for_terminal`; bounded,
+    thread-safe)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._runs: OrderedDict[str, tuple[tuple[int, int], RunView]] = OrderedDict()
+
+    def put(self, run_id: str, known: tuple[tuple[int, int], RunView]) -> None:
+        with self._lock:
+            self._runs[run_id] = known
+            if len(self._runs) > self.size:
+                self._runs.popitem(last=False)
+
+    def pop(self, run_id: str) -> tuple[tuple[int, int], RunView] | None:
+        with self._lock:
+            return self._runs.pop(run_id, None)

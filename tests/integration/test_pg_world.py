@@ -27,6 +27,7 @@ from celery_workflow import Workflows, ids
 from celery_workflow._backend.migrations import migrations
 from celery_workflow._postgres.retention import sweep_expired
 from celery_workflow._postgres.rows import COLUMNS
+from celery_workflow._postgres.world import WAITER_RECHECK
 from celery_workflow.errors import (
     ConfigurationError,
     HookNotFound,
@@ -470,6 +471,26 @@ def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str
         assert ended == other.get_run(run_id)  # every field, as stored
         assert ended.output == output and ended.status is RunStatus.COMPLETED
         assert len(reads) == (1 if len(str(output)) < 100 else 2)  # the first look; the big one read again
+    finally:
+        world.close()
+        other.close()
+
+
+def test_a_run_created_while_listening_is_waited_for_without_a_first_look(pg_url: str) -> None:
+    """A process that listens already and creates a run needs no first read to wait for its end: the mark taken
+    before the creation catches an end that came before the wait began (no 5 s recheck), and the NOTIFY carries it."""
+    world, other = PostgresWorld.open(pg_url), PostgresWorld.open(pg_url)
+    try:
+        world.wait_for_terminal(_new_run(world), 0.01)  # now listening
+        reads = count_reads(world)
+        early = _new_run(world, started=False)
+        other.append(early, [NewEvent(EventType.RUN_CANCELLED, None, {})])  # ends before anyone waits
+        started = time.monotonic()
+        assert world.wait_for_terminal(early, 10.0).status is RunStatus.CANCELLED
+        assert time.monotonic() - started < WAITER_RECHECK and reads == []
+        late = _new_run(world, started=False)
+        assert world.wait_for_terminal(late, 0.05).status is RunStatus.PENDING
+        assert reads == [late]  # only the look when the wait timed out; none before waiting
     finally:
         world.close()
         other.close()
