@@ -252,12 +252,14 @@ class Transport(StoreTransport):
         if marks is None:
             return None
         store = self.pg_queue
-        changed = [(q, store.mark(q)) for q in queues if store.mark(q) != marks.get(q)]
+        current = {q: store.mark(q) for q in queues}
+        changed = [q for q in queues if current[q] != marks.get(q)]
         if len(changed) != 1:
             return None
-        (name, now), before = changed[0], marks.get(changed[0][0])
-        if before is None or name in no_ack or now[0] != before[0] or now[1] - before[1] != 1:
-            return None
+        name = changed[0]
+        (epoch, count), before = current[name], marks.get(name)
+        if before is None or name in no_ack or (epoch, count - 1) != tuple(before):
+            return None  # a new queue, a no-ack one, a reconnected listener, or several notifications
         if self._due.get(name, math.inf) <= time.time():
             return None
         carried = store.carried(name)
