@@ -31,8 +31,6 @@ a hook releases its token at once. The retention end is read from the claiming e
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +41,7 @@ from psycopg import errors as pg_errors
 from celery_workflow import events as rules
 from celery_workflow import ids
 from celery_workflow._backend.broker import parse_receipt
+from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
 from celery_workflow._postgres.database import CHANNEL_RUNS, notify_sql
@@ -201,7 +200,6 @@ class PgAppend:
         try:
             script.send()
         except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation):
-            tx.conn.rollback()  # (the pipeline's Sync rolled the implicit transaction back; this is for certainty)
             self.snapshots.forget(request.run_id)  # stale: another writer took the slot, or the run is gone
             raise StaleSnapshot() from None
         self.snapshots.put(rules.advance(kept, plan))
@@ -392,33 +390,22 @@ class SnapshotCache:
     """
 
     def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._runs: OrderedDict[str, rules.Snapshot] = OrderedDict()
+        self._runs: Recent[str, rules.Snapshot] = Recent(size)
 
     def get(self, run_id: str) -> rules.Snapshot | None:
-        with self._lock:
-            found = self._runs.get(run_id)
-            if found is not None:
-                self._runs.move_to_end(run_id)
-            return found
+        return self._runs.get(run_id)
 
     def put(self, snapshot: rules.Snapshot) -> None:
         run = snapshot.run
         if run is None:
             return
-        with self._lock:
-            if run.status.terminal:
-                self._runs.pop(run.run_id, None)
-                return
-            self._runs[run.run_id] = snapshot
-            self._runs.move_to_end(run.run_id)
-            while len(self._runs) > self.size:
-                self._runs.popitem(last=False)
+        if run.status.terminal:
+            self._runs.pop(run.run_id)
+        else:
+            self._runs.put(run.run_id, snapshot)
 
     def forget(self, run_id: str) -> None:
-        with self._lock:
-            self._runs.pop(run_id, None)
+        self._runs.pop(run_id)
 
     def __len__(self) -> int:
         return len(self._runs)

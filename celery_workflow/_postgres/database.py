@@ -34,7 +34,6 @@ import random
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
@@ -46,6 +45,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_workflow._backend.migrations import check_version, migrations
+from celery_workflow._backend.recent import Recent
 from celery_workflow._postgres.script import no_auto_prepare
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
 
@@ -463,7 +463,7 @@ class Listener:
         self.tag = ""  # the schema's tag, set on connecting (see SCHEMA_TAG)
         self._cond = threading.Condition()
         self._generations: dict[tuple[str, str | None], int] = {}
-        self._carried: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._carried: Recent[tuple[str, str], str] = Recent(_MAX_CARRIED)
         self._epoch = 0  # bumped on (re)connect: every waiter re-checks
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -544,16 +544,12 @@ class Listener:
             for counted in ((channel, None), (channel, key)):
                 self._generations[counted] = self._generations.get(counted, 0) + 1
             if carried:
-                self._carried[(channel, key)] = carried
-                self._carried.move_to_end((channel, key))
-                if len(self._carried) > _MAX_CARRIED:
-                    self._carried.popitem(last=False)
+                self._carried.put((channel, key), carried)
             else:
-                self._carried.pop((channel, key), None)  # the last notification of the key carried nothing
+                self._carried.pop((channel, key))  # the last notification of the key carried nothing
             self._cond.notify_all()
 
     def carried(self, channel: str, key: str) -> str | None:
         """What the last notification on ``channel`` for ``key`` carried after its key (None: nothing, or not
         heard, or forgotten)."""
-        with self._cond:
-            return self._carried.get((channel, key))
+        return self._carried.get((channel, key))

@@ -42,9 +42,7 @@ this process's clock (UTC, microseconds), as in the other Worlds; the queue's le
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -57,6 +55,7 @@ from celery_workflow import ids
 from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreQueue, StoreStreams, TemplateWorld
 from celery_workflow._backend.listing import RunFilter
+from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun, retained_until_sql
 from celery_workflow._postgres.config import PostgresConfig, config_with, postgres_url
@@ -141,7 +140,9 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         self.streams = PgStreams(self.db, self.poll_interval)
         self._steps = PgAppend(self)
         self._sweeper: RetentionSweeper | None = None
-        self._created = _Created()
+        # the runs this process created lately while listening for runs' ends: the listener's mark taken before
+        # each creation and the view create_run answered (see wait_for_terminal)
+        self._created: Recent[str, tuple[tuple[int, int], RunView]] = Recent()
 
     @classmethod
     def open(
@@ -391,24 +392,3 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             self._sweeper = None
         if self._owns_db:
             self.db.close()
-
-
-class _Created:
-    """The runs this process created lately while it listened for runs' ends: the listener's mark taken before each
-    creation and the view ``create_run`` answered (for :meth:`PostgresWorld.wait_for_terminal`; bounded,
-    thread-safe)."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self.size = size
-        self._lock = threading.Lock()
-        self._runs: OrderedDict[str, tuple[tuple[int, int], RunView]] = OrderedDict()
-
-    def put(self, run_id: str, known: tuple[tuple[int, int], RunView]) -> None:
-        with self._lock:
-            self._runs[run_id] = known
-            if len(self._runs) > self.size:
-                self._runs.popitem(last=False)
-
-    def pop(self, run_id: str) -> tuple[tuple[int, int], RunView] | None:
-        with self._lock:
-            return self._runs.pop(run_id, None)
