@@ -49,6 +49,9 @@ from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 log = logging.getLogger("celery_workflow")
 
 MAX_RESTARTS = 100
+#: A new run's first inline step starts without its own write when its body took less than this the last time
+#: (seconds): the start rides with the delivery's next write. A longer step is started in the World first.
+HOLD_START_BELOW = 0.01
 _RUN_ID = re.compile(r"^[A-Za-z0-9_\-.:@]{1,200}$")
 
 
@@ -108,6 +111,8 @@ class Runtime:
         #: last one (one disk flush per delivery; a database crash mid-delivery re-runs that delivery's steps)
         self.every_write_durable = durability == "step"
         self.clock = clock
+        #: how long each step's body took the last time it ran inline in this process (see may_hold_start)
+        self.inline_seconds: dict[str, float] = {}
         #: the World's ``max_payload``: inputs, step results, run outputs and hook payloads are checked against it
         #: where they are produced, so none is refused by an append after its side effects
         self.max_payload = steps.payload_limit(world)
@@ -266,7 +271,12 @@ class Runtime:
                         self.cancel(run_id, f"its predecessor {predecessor} ended without handing over to it")
                     return "ended"
             wdef = self.registry.workflow(run.workflow_name)
-            effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
+            # a run read from the World, or carried by a delivery received for the first time, is as the replay
+            # sees it; a carried run redelivered may have moved since (see _WorkflowEffects.may_hold_start)
+            known = not speculative or (claim is not None and claim.attempts == 1)
+            effects = _WorkflowEffects(
+                self, run, delivery_id, started, receipt, inline_until=inline_until, run_known=known
+            )
             replay = Replay(
                 run=run,
                 wdef=wdef,
@@ -451,6 +461,7 @@ class _WorkflowEffects:
         receipt: str | None,
         *,
         inline_until: float | None = None,
+        run_known: bool = False,
     ) -> None:
         self.runtime = runtime
         self.run = run
@@ -459,6 +470,7 @@ class _WorkflowEffects:
         self.receipt = receipt
         self.inline_until = inline_until
         self.defer_writes = not runtime.every_write_durable
+        self.run_known = run_known
         self.replay: Replay | None = None
 
     def append(
@@ -517,13 +529,28 @@ class _WorkflowEffects:
     def execute_step(
         self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
     ) -> steps.StepOutcome:
-        return steps.execute(
-            self.runtime.world,
-            sdef,
-            run_id=self.run.run_id,
-            workflow_name=self.run.workflow_name,
-            step_id=step_id,
-            data_input=input,
-            attempt=attempt,
-            started_at=started_at,
-        )
+        began = time.monotonic()
+        try:
+            return steps.execute(
+                self.runtime.world,
+                sdef,
+                run_id=self.run.run_id,
+                workflow_name=self.run.workflow_name,
+                step_id=step_id,
+                data_input=input,
+                attempt=attempt,
+                started_at=started_at,
+            )
+        finally:
+            self.runtime.inline_seconds[sdef.name] = time.monotonic() - began
+
+    def may_hold_start(self, sdef: StepDef) -> bool:
+        """A new run's first step may start unwritten when the run is as this replay sees it (read from the World,
+        or carried by a delivery received for the first time: a carried run redelivered may have moved on, and its
+        first write, conditional on the carried count, is what keeps a finished step from running again) and the
+        step's body took less than :data:`HOLD_START_BELOW` the last time it ran here. A step not seen yet, or a
+        slow one, is started in the World first, so a run in a long step shows as running."""
+        if not self.run_known:
+            return False
+        last = self.runtime.inline_seconds.get(sdef.name)
+        return last is not None and last < HOLD_START_BELOW

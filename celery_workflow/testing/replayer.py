@@ -283,6 +283,9 @@ class _HistoryEffects:
         queue = sdef.queue or self.history.queue or DEFAULT_QUEUE  # never stored: only counted as a write
         return Delivery(queue, b"", self.history.run_id, not_before, f"step:{step_id}")
 
+    def may_hold_start(self, sdef: StepDef) -> bool:
+        return False
+
     def execute_step(self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime) -> StepOutcome:
         # unreachable (a step runs only after its step_started was written), but never run a step body
         raise _WriteRefused([NewEvent(EventType.STEP_STARTED, step_id)])
