@@ -145,7 +145,11 @@ def append(world: AppendSteps[Any], request: AppendRequest) -> AppendResult:
                 return AppendResult(loaded.written, run)
             try:
                 plan = rules.plan_append(
-                    loaded.snapshot, request.batch, now=world.now(), expected_count=request.expected_count
+                    loaded.snapshot,
+                    request.batch,
+                    now=world.now(),
+                    expected_count=request.expected_count,
+                    validated=True,  # by normalise, when the request was built
                 )
             except CeleryWorkflowError:
                 if loaded.guess:

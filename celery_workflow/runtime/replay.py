@@ -135,7 +135,7 @@ class Replay:
     cursor: int = 0
     count: int = 0
     _clock: datetime = field(init=False)
-    rng: Random = field(init=False)
+    _rng: Random | None = field(default=None, init=False)
     counters: dict[str, int] = field(default_factory=dict)
     pending: list[NewEvent] = field(default_factory=list)
     pending_deliveries: list[Delivery] = field(default_factory=list)
@@ -149,13 +149,20 @@ class Replay:
     def __post_init__(self) -> None:
         started = self.run.started_at or self.run.created_at
         self._clock = started
-        self.rng = Random(self.run.run_id)
         self._metadata = WorkflowMetadata(self.run.run_id, self.run.workflow_name, started, self.base_url)
         loaded, self.events = self.events, []
         self.count = 0
         self._absorb(loaded, written_by_us=False)
         if self.run.status is RunStatus.PENDING:
             self.deferred.append(NewEvent(EventType.RUN_STARTED))
+
+    @property
+    def rng(self) -> Random:
+        """The run's deterministic random numbers (seeded by the run id, made on first use: seeding costs more
+        than most replays of a short run)."""
+        if self._rng is None:
+            self._rng = Random(self.run.run_id)
+        return self._rng
 
     @property
     def clock(self) -> datetime:
