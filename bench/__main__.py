@@ -245,6 +245,7 @@ SCENARIOS = {
     "claims": "bench.claims",
     "chaos": "bench.chaos",
     "inflight": "bench.inflight",
+    "latency": "bench.latency",
     "long": "bench.long_runs",
     "sleepers": "bench.sleepers",
 }
