@@ -44,7 +44,7 @@ from celery_workflow._backend.broker import parse_receipt
 from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
-from celery_workflow._postgres.database import CHANNEL_RUNS, notify_sql
+from celery_workflow._postgres.listener import CHANNEL_RUNS, notify_sql
 from celery_workflow._postgres.rows import (
     CODEC,
     COLUMNS,

@@ -17,10 +17,7 @@
 * Migrations (:mod:`celery_workflow._backend.migrations`): ``celery_workflow/sql/postgres/NNNN_name.sql`` applied in
   one transaction under ``pg_advisory_xact_lock``; a database newer than this library is refused with
   :class:`~celery_workflow.errors.SchemaVersionError`. Tables go to the connection's ``search_path``.
-* :class:`Listener`: one dedicated ``LISTEN`` connection per process. Waiters take a generation mark, check the
-  database, then wait for a notification after that mark or their timeout, so a notification that arrives between
-  the check and the wait is never missed, and a lost one only costs one poll interval. The connection reconnects by
-  itself and wakes every waiter when it does (notifications may have been lost meanwhile).
+* :attr:`PgDatabase.listener`: the process's one ``LISTEN`` connection (:mod:`celery_workflow._postgres.listener`).
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
@@ -45,7 +42,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_workflow._backend.migrations import check_version, migrations
-from celery_workflow._backend.recent import Recent
+from celery_workflow._postgres.listener import Listener
 from celery_workflow._postgres.script import no_auto_prepare
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
 
@@ -55,23 +52,6 @@ T = TypeVar("T")
 
 #: Key of the advisory lock that serialises migrations across processes.
 MIGRATION_LOCK = 0x63656C7779  # "celwy"
-CHANNEL_QUEUE = "celery_workflow_queue"
-CHANNEL_RUNS = "celery_workflow_runs"
-CHANNEL_STREAMS = "celery_workflow_streams"
-CHANNELS = (CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS)
-#: NOTIFY channels are per database, so each logical channel above is suffixed with a tag of the schema the tables
-#: are in (the session's ``current_schema()``, the first schema of its search_path that exists): two apps in two
-#: schemas of one database never hear each other. Senders compute it in SQL, the listener once per connection.
-SCHEMA_TAG = "left(md5(coalesce(current_schema(), '')), 12)"
-
-
-def notify_sql(channel: str, payload: str = "%s") -> str:
-    """``pg_notify`` on ``channel`` of the session's schema, with ``payload`` (an SQL expression or placeholder)."""
-    return f"pg_notify('{channel}_' || {SCHEMA_TAG}, {payload})"
-
-
-_MAX_KEYS = 10_000
-_MAX_CARRIED = 1_024
 # InvalidSqlStatementName: what a connection prepared was deallocated under it (a pool's DISCARD ALL); a script
 # forgets its names on it, so the next attempt prepares them again.
 _RETRYABLE = (
@@ -300,9 +280,10 @@ class PgDatabase:
     # -- notifications -------------------------------------------------------------------------------------------
 
     def listening_mark(self, channel: str, key: str | None = None) -> tuple[int, int] | None:
-        """:meth:`Listener.mark` if this process listens already (None: it does not; nothing is started)."""
+        """:meth:`Listener.mark` if this process listens on ``channel`` already (None: it does not; nothing is
+        started)."""
         listener = self._listener
-        if listener is None or self._pid != os.getpid():
+        if listener is None or self._pid != os.getpid() or not listener.listens(channel):
             return None
         return listener.mark(channel, key)
 
@@ -312,9 +293,7 @@ class PgDatabase:
         with self._lock:
             if self._listener is None:
                 limit = self.unavailable_timeout
-                self._listener = Listener(
-                    self.dial_conninfo, CHANNELS, ready_timeout=5.0 if limit is None else min(5.0, limit)
-                )
+                self._listener = Listener(self.dial_conninfo, ready_timeout=5.0 if limit is None else min(5.0, limit))
             return self._listener
 
 
@@ -446,110 +425,3 @@ def _break(conn: psycopg.Connection[Any]) -> None:
     finally:
         sock.close()
     log.warning("Postgres call still running at its deadline: its connection was broken")
-
-
-class Listener:
-    """One ``LISTEN`` connection and a thread that counts notifications per (channel, key).
-
-    A payload's first line is its key (a queue name, a run id, a stream's key); what follows it, if anything, is
-    kept as the last thing carried for that key (:meth:`carried`; a run's end carries the run's record), for the
-    :data:`_MAX_CARRIED` keys heard last.
-    """
-
-    def __init__(self, conninfo: str, channels: Iterable[str], *, ready_timeout: float = 5.0) -> None:
-        """``ready_timeout``: how long the constructor waits for the first connection (or its failure)."""
-        self.conninfo = conninfo
-        self.channels = tuple(channels)
-        self.tag = ""  # the schema's tag, set on connecting (see SCHEMA_TAG)
-        self._cond = threading.Condition()
-        self._generations: dict[tuple[str, str | None], int] = {}
-        self._carried: Recent[tuple[str, str], str] = Recent(_MAX_CARRIED)
-        self._epoch = 0  # bumped on (re)connect: every waiter re-checks
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._loop, name="celery_workflow-listener", daemon=True)
-        self._thread.start()
-        self._ready.wait(timeout=ready_timeout)
-
-    def mark(self, channel: str, key: str | None = None) -> tuple[int, int]:
-        """A mark to pass to :meth:`wait`; take it *before* checking the database."""
-        with self._cond:
-            return self._epoch, self._generations.get((channel, key), 0)
-
-    def wait(self, channel: str, mark: tuple[int, int], timeout: float, key: str | None = None) -> bool:
-        """Block until a notification on ``channel`` (with payload ``key``, if given) after ``mark``, or timeout."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        with self._cond:
-            while (self._epoch, self._generations.get((channel, key), 0)) == mark:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
-
-    def close(self) -> None:
-        self._stop.set()
-        conn = self._conn
-        if conn is not None:
-            try:
-                conn.close()
-            except psycopg.Error:  # pragma: no cover
-                pass
-        self._thread.join(timeout=2)
-
-    def _loop(self) -> None:
-        delay = 0.1
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self.conninfo, autocommit=True) as conn:
-                    self._conn = conn
-                    row = conn.execute(f"SELECT {SCHEMA_TAG}").fetchone()
-                    self.tag = str(row[0]) if row else ""
-                    for channel in self.channels:
-                        conn.execute(f'LISTEN "{channel}_{self.tag}"')
-                    with self._cond:
-                        self._epoch += 1
-                        self._cond.notify_all()
-                    self._ready.set()
-                    delay = 0.1
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0, stop_after=64):
-                            self._record(note.channel.removesuffix(f"_{self.tag}"), note.payload)
-            except psycopg.Error as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("Postgres listener lost its connection (%s); reconnecting in %.1f s", exc, delay)
-                self._ready.set()
-                with self._cond:
-                    self._epoch += 1
-                    self._cond.notify_all()
-                self._stop.wait(delay)
-                delay = min(delay * 2, 5.0)
-            finally:
-                self._conn = None
-
-    def poke(self, channel: str, key: str | None = None) -> None:
-        """Wake this process's waiters on ``channel`` (and ``key``) as a notification would, without a round trip."""
-        self._record(channel, key or "")
-
-    def _record(self, channel: str, payload: str) -> None:
-        with self._cond:
-            if len(self._generations) > _MAX_KEYS:
-                # bounded memory in long-lived workers: forget per-payload counters; the new epoch wakes every
-                # waiter, which re-checks the database (a spurious wake-up, never a missed one)
-                self._generations = {k: v for k, v in self._generations.items() if k[1] is None}
-                self._epoch += 1
-            key, _, carried = payload.partition("\n")
-            for counted in ((channel, None), (channel, key)):
-                self._generations[counted] = self._generations.get(counted, 0) + 1
-            if carried:
-                self._carried.put((channel, key), carried)
-            else:
-                self._carried.pop((channel, key))  # the last notification of the key carried nothing
-            self._cond.notify_all()
-
-    def carried(self, channel: str, key: str) -> str | None:
-        """What the last notification on ``channel`` for ``key`` carried after its key (None: nothing, or not
-        heard, or forgotten)."""
-        return self._carried.get((channel, key))

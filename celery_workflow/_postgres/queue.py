@@ -62,7 +62,8 @@ from celery_workflow._backend.broker import (
     queued_messages,
 )
 from celery_workflow._postgres import queue_sql as stmt
-from celery_workflow._postgres.database import CHANNEL_QUEUE, PgDatabase
+from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.listener import CHANNEL_QUEUE
 from celery_workflow._postgres.script import Script, commit_setting
 from celery_workflow.dead_letters import MAX_ERROR, DeadLetter
 from celery_workflow.errors import DeadLetterNotFound

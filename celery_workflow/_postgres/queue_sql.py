@@ -17,7 +17,7 @@ from celery_workflow._backend.broker import (
     QUEUE,
     queue_tables,
 )
-from celery_workflow._postgres.database import CHANNEL_QUEUE, notify_sql
+from celery_workflow._postgres.listener import CHANNEL_QUEUE, notify_sql
 from celery_workflow.dead_letters import LEASE_EXPIRED
 
 Q = QUEUE

@@ -26,7 +26,8 @@ import psycopg
 from celery_workflow import ids
 from celery_workflow._backend.checks import check_chunks, check_stream_name
 from celery_workflow._backend.waiting import wait_until
-from celery_workflow._postgres.database import CHANNEL_STREAMS, PgDatabase, notify_sql
+from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.listener import CHANNEL_STREAMS, notify_sql
 from celery_workflow._postgres.script import Script, query
 from celery_workflow.errors import EventConflict, RunNotFound
 from celery_workflow.world import StreamChunk, StreamPage

@@ -59,7 +59,8 @@ from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun, retained_until_sql
 from celery_workflow._postgres.config import PostgresConfig, config_with, postgres_url
-from celery_workflow._postgres.database import CHANNEL_RUNS, PgDatabase
+from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.listener import CHANNEL_RUNS
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._postgres.retention import RetentionSweeper, sweep_expired
 from celery_workflow._postgres.rows import (

@@ -13,7 +13,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from celery_workflow._postgres.database import CHANNEL_QUEUE, SCHEMA_TAG, PgDatabase
+from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.listener import CHANNEL_QUEUE, SCHEMA_TAG
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.errors import WorldError
 from celery_workflow.world import Delivery
