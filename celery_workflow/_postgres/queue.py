@@ -44,107 +44,34 @@ through unchanged, so the caller's ``PgDatabase.run`` can retry them. :class:`Po
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Collection, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
 
-from celery_workflow import codec
 from celery_workflow import dead_letters as dead_letters_
 from celery_workflow._backend.broker import (
-    Binding,
     QueuedMessage,
     claimed,
     dead_letters,
     parse_receipt,
-    queue_declaration,
     queued_messages,
 )
 from celery_workflow._postgres import queue_sql as stmt
-from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.broker_state import BrokerState
 from celery_workflow._postgres.listener import CHANNEL_QUEUE
-from celery_workflow._postgres.script import Script, commit_setting
-from celery_workflow.dead_letters import MAX_ERROR, DeadLetter
+from celery_workflow._postgres.queue_base import Conn, at, error_text, utc
+from celery_workflow._postgres.script import Script
+from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import DeadLetterNotFound
 from celery_workflow.ids import to_utc
 from celery_workflow.world import ClaimedDelivery, Delivery
 
 __all__ = ["PostgresQueue", "parse_receipt"]
 
-if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_workflow._postgres.database
-    import psycopg
 
-Conn: TypeAlias = "psycopg.Connection[Any]"
-
-#: Class id of the advisory lock taken by :meth:`PostgresQueue.gc` (the object id is a hash of the schema).
-GC_LOCK = 0x63776763  # "cwgc"
-
-
-def _seconds(value: float | None) -> timedelta | None:
-    return None if value is None else timedelta(seconds=value)
-
-
-def _at(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
-
-
-def _utc(value: datetime | None) -> datetime | None:
-    return None if value is None else value.astimezone(UTC)
-
-
-def _error(text: str | None) -> str | None:
-    return None if text is None else codec.cut(text, MAX_ERROR)
-
-
-def _total(value: timedelta | None) -> float | None:
-    return None if value is None else value.total_seconds()
-
-
-class PostgresQueue:
+class PostgresQueue(BrokerState):
     """Deliveries and broker state in a :class:`~celery_workflow._postgres.database.PgDatabase` (thread- and fork-safe)."""
-
-    def __init__(self, db: PgDatabase) -> None:
-        self.db = db
-        #: None (the default): the database server's clock. Tests may set a Python clock (epoch seconds).
-        self.clock: Callable[[], float] | None = None
-
-    # -- plumbing ------------------------------------------------------------------------------------------------
-
-    def _params(self, **values: Any) -> dict[str, Any]:
-        values["now"] = None if self.clock is None else datetime.fromtimestamp(self.clock(), UTC)
-        return values
-
-    def _local_now(self) -> float:
-        return time.time() if self.clock is None else self.clock()
-
-    def _rows(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> list[tuple[Any, ...]]:
-        """Run one statement in its own transaction (one round trip); its rows (none for a statement without a
-        result). ``commit_mode``: ``"lazy"`` commits without waiting for the disk, ``"disk"`` is on disk when this
-        returns (see the module docstring), ``""`` as the session does."""
-        return self._run(what, sql, values, commit_mode)[0]
-
-    def _rowcount(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> int:
-        return self._run(what, sql, values, commit_mode)[1]
-
-    def _run(self, what: str, sql: str, values: dict[str, Any], commit_mode: str) -> tuple[list[tuple[Any, ...]], int]:
-        params = self._params(**values)
-        setting = None  # only when the session's own setting differs
-        if commit_mode == "lazy" and not self.db.lazy_commits:
-            setting = False
-        elif commit_mode == "disk" and self.db.lazy_commits:
-            setting = True
-
-        def go(conn: Conn) -> tuple[list[tuple[Any, ...]], int]:
-            # one round trip, one implicit transaction (a set_config that is local to it, when it commits otherwise)
-            script = Script(conn)
-            if setting is not None:
-                script.add(*commit_setting(setting))
-            index = script.add(sql, params)
-            result = script.send()[index]
-            return result.rows, result.rowcount
-
-        return self.db.run(go, what=f"queue: {what}", transaction=False)
 
     # -- used by the Postgres World inside its own transaction ---------------------------------------------------
 
@@ -269,7 +196,7 @@ class PostgresQueue:
             id=row_id,
             attempts=attempts,
             delay=timedelta(seconds=max(delay, 0.0)),
-            error=_error(error),
+            error=error_text(error),
         )
 
     # -- dead letters (celery_workflow.dead_letters.DeadLetterStore) -------------------------------------------
@@ -280,9 +207,9 @@ class PostgresQueue:
         row_id, attempts = parse_receipt(receipt)
         rows = self._rows(
             "dead-letter", stmt.DEAD_LETTER, commit_mode="disk", id=row_id, attempts=attempts, reason=reason,
-            error=_error(error),
+            error=error_text(error),
         )  # fmt: skip
-        letters = dead_letters(rows, _utc)
+        letters = dead_letters(rows, utc)
         return letters[0] if letters else None
 
     def list_dead_letters(
@@ -295,7 +222,7 @@ class PostgresQueue:
             " AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s) AND id > %(after)s ORDER BY id LIMIT %(limit)s",
             ids=None, queue=queue, run_id=run_id, after=dead_letters_.letter_id(after), limit=max(limit, 0),
         )  # fmt: skip
-        return dead_letters(rows, _utc)
+        return dead_letters(rows, utc)
 
     def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
         rows = self._rows(
@@ -305,7 +232,7 @@ class PostgresQueue:
         )
         if not rows:
             raise DeadLetterNotFound(f"no dead letter {letter_id}")
-        return dead_letters(rows, _utc)[0]
+        return dead_letters(rows, utc)[0]
 
     def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """Dead letters whose run has not been failed because of them yet, oldest first."""
@@ -314,7 +241,7 @@ class PostgresQueue:
             f"SELECT {stmt.DEAD_COLUMNS} FROM {stmt.DEAD} WHERE run_settled_at IS NULL ORDER BY id LIMIT %(limit)s",
             limit=max(limit, 0),
         )
-        return dead_letters(rows, _utc)
+        return dead_letters(rows, utc)
 
     def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
         """Record that the runs of these dead letters have been dealt with."""
@@ -377,7 +304,7 @@ class PostgresQueue:
             payload=bytes(payload),
             run_id=run_id,
             key=idempotency_key,
-            due=_at(not_before),
+            due=at(not_before),
         )
         return len(rows) == 1
 
@@ -390,7 +317,7 @@ class PostgresQueue:
                 commit_mode="disk",
                 exchange=exchange,
                 payload=bytes(payload),
-                due=_at(not_before),
+                due=at(not_before),
             )
         )
 
@@ -488,220 +415,6 @@ class PostgresQueue:
             f"DELETE FROM {stmt.Q} WHERE queue = %(queue)s AND (lease_until IS NULL OR lease_until <= {stmt.NOW})",
             queue=queue,
         )
-
-    # -- BrokerStore: queues -------------------------------------------------------------------------------------
-
-    def declare_queue(
-        self,
-        name: str,
-        *,
-        durable: bool = True,
-        exclusive: bool = False,
-        auto_delete: bool = False,
-        expires: float | None = None,
-        message_ttl: float | None = None,
-    ) -> None:
-        """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
-        self._rowcount(
-            "declare queue",
-            f"INSERT INTO {stmt.QUEUES} (name, durable, exclusive, auto_delete, expires, message_ttl, last_used, created_at)"
-            f" VALUES (%(name)s, %(durable)s, %(exclusive)s, %(auto_delete)s, %(expires)s, %(ttl)s, {stmt.NOW}, {stmt.NOW})"
-            " ON CONFLICT (name) DO UPDATE SET durable = excluded.durable, exclusive = excluded.exclusive,"
-            " auto_delete = excluded.auto_delete, expires = excluded.expires, message_ttl = excluded.message_ttl,"
-            " last_used = excluded.last_used",
-            name=name,
-            durable=durable,
-            exclusive=exclusive,
-            auto_delete=auto_delete,
-            expires=_seconds(expires),
-            ttl=_seconds(message_ttl),
-        )
-
-    def has_queue(self, name: str) -> bool:
-        """True when the queue is declared or holds messages."""
-        rows = self._rows(
-            "has queue",
-            f"SELECT EXISTS (SELECT 1 FROM {stmt.QUEUES} WHERE name = %(name)s)"
-            f" OR EXISTS (SELECT 1 FROM {stmt.Q} WHERE queue = %(name)s)",
-            name=name,
-        )
-        return bool(rows[0][0])
-
-    def queue_info(self, name: str) -> dict[str, Any] | None:
-        """The stored declaration of a queue, or None."""
-        rows = self._rows(
-            "queue info",
-            f"SELECT durable, exclusive, auto_delete, expires, message_ttl, last_used FROM {stmt.QUEUES}"
-            " WHERE name = %(name)s",
-            name=name,
-        )
-        if not rows:
-            return None
-        durable, exclusive, auto_delete, expires, ttl, last_used = rows[0]
-        return queue_declaration((durable, exclusive, auto_delete), _total(expires), _total(ttl), last_used.timestamp())
-
-    def delete_queue(self, name: str) -> int:
-        """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
-        return self.db.run(lambda conn: self._drop_queues(conn, [name]), what="queue: delete queue", transaction=False)
-
-    @staticmethod
-    def _drop_queues(conn: Conn, names: Sequence[str]) -> int:
-        if not names:
-            return 0
-        row = conn.execute(stmt.DROP_QUEUES, {"names": list(dict.fromkeys(names))}).fetchone()
-        return int(row[0]) if row else 0
-
-    # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
-
-    def declare_exchange(
-        self,
-        name: str,
-        type: str,
-        *,
-        durable: bool = True,
-        auto_delete: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Create or update an exchange (its type is what routing in other processes will use)."""
-        self._rowcount(
-            "declare exchange",
-            f"INSERT INTO {stmt.EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
-            f" VALUES (%(name)s, %(type)s, %(durable)s, %(auto_delete)s, %(arguments)s::jsonb, {stmt.NOW})"
-            " ON CONFLICT (name) DO UPDATE SET type = excluded.type, durable = excluded.durable,"
-            " auto_delete = excluded.auto_delete, arguments = excluded.arguments",
-            name=name,
-            type=type,
-            durable=durable,
-            auto_delete=auto_delete,
-            arguments=json.dumps(dict(arguments or {}), sort_keys=True, default=str),
-        )
-
-    def exchange_type(self, name: str) -> str | None:
-        rows = self._rows("exchange type", f"SELECT type FROM {stmt.EXCHANGES} WHERE name = %(name)s", name=name)
-        return str(rows[0][0]) if rows else None
-
-    def queues(self) -> list[str]:
-        """The names of the declared queues."""
-        return [str(r[0]) for r in self._rows("queues", f"SELECT name FROM {stmt.QUEUES} ORDER BY name")]
-
-    def consumers(self) -> dict[str, int]:
-        """How many live consumers (heartbeats not yet collected) each consumed queue has."""
-        rows = self._rows("consumers", f"SELECT queue, count(*) FROM {stmt.CONSUMERS} GROUP BY queue")
-        return {str(q): int(n) for q, n in rows}
-
-    def exchanges(self) -> list[str]:
-        return [str(r[0]) for r in self._rows("exchanges", f"SELECT name FROM {stmt.EXCHANGES} ORDER BY name")]
-
-    def delete_exchange(self, name: str) -> None:
-        """Delete an exchange and its bindings (queues stay, as in AMQP)."""
-        self._rowcount(
-            "delete exchange",
-            f"WITH b AS (DELETE FROM {stmt.BINDINGS} WHERE exchange = %(name)s)"
-            f" DELETE FROM {stmt.EXCHANGES} WHERE name = %(name)s",
-            name=name,
-        )
-
-    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        self._rowcount(
-            "bind",
-            f"INSERT INTO {stmt.BINDINGS} (exchange, routing_key, queue, pattern, created_at)"
-            f" VALUES (%(exchange)s, %(key)s, %(queue)s, %(pattern)s, {stmt.NOW})"
-            " ON CONFLICT (exchange, routing_key, queue) DO UPDATE SET pattern = excluded.pattern",
-            exchange=exchange,
-            key=routing_key or "",
-            queue=queue,
-            pattern=pattern,
-        )
-
-    def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
-        self._rowcount(
-            "unbind",
-            f"DELETE FROM {stmt.BINDINGS} WHERE exchange = %(exchange)s AND routing_key = %(key)s AND queue = %(queue)s",
-            exchange=exchange,
-            key=routing_key or "",
-            queue=queue,
-        )
-
-    def bindings(self, exchange: str | None = None) -> list[Binding]:
-        """Bindings of one exchange, or all of them (in creation order)."""
-        sql = f"SELECT exchange, routing_key, pattern, queue FROM {stmt.BINDINGS}"
-        if exchange is not None:
-            sql += " WHERE exchange = %(exchange)s"
-        rows = self._rows("bindings", sql + " ORDER BY created_at, exchange, routing_key, queue", exchange=exchange)
-        return [Binding(str(e), str(k), None if p is None else str(p), str(q)) for e, k, p, q in rows]
-
-    # -- BrokerStore: liveness and collection --------------------------------------------------------------------
-
-    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
-        """Record that ``consumer`` is alive on ``queues`` and mark them used; return those not declared."""
-        if not queues:
-            return []
-        names = list(dict.fromkeys(queues))
-        rows = self._rows(
-            "touch",
-            f"WITH c AS (INSERT INTO {stmt.CONSUMERS} (queue, consumer, seen_at)"
-            f" SELECT u.name, %(consumer)s, {stmt.NOW} FROM unnest(%(names)s::text[]) AS u(name)"
-            " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at)"
-            f" UPDATE {stmt.QUEUES} SET last_used = {stmt.NOW} WHERE name = ANY(%(names)s::text[]) RETURNING name",
-            commit_mode="lazy",
-            consumer=consumer,
-            names=sorted(names),
-        )
-        known = {str(r[0]) for r in rows}
-        return [q for q in names if q not in known]
-
-    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]:
-        """Forget ``consumer`` on ``queues``; delete the auto_delete ones left without consumers (returned)."""
-        if not queues:
-            return []
-        names = sorted(dict.fromkeys(queues))
-
-        def go(conn: Conn) -> list[str]:
-            conn.execute(
-                f"DELETE FROM {stmt.CONSUMERS} WHERE consumer = %(consumer)s AND queue = ANY(%(names)s::text[])",
-                {"consumer": consumer, "names": names},
-            )
-            doomed = [str(r[0]) for r in conn.execute(stmt.ORPHANED_AUTO_DELETE, {"names": names}).fetchall()]
-            self._drop_queues(conn, doomed)
-            return doomed
-
-        return self.db.run(go, what="queue: drop consumer")
-
-    def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
-        """Collect what nobody uses any more, in one transaction (skipped while another process collects).
-
-        * queues declared with ``x-expires`` and unused (no declaration, no consumer heartbeat) for that long;
-        * consumers silent for ``consumer_timeout`` seconds (dead processes) and the auto_delete queues they leave
-          without consumers;
-        * messages past their TTL that nobody holds.
-
-        A collected queue goes with its bindings and messages. Returns counts by kind.
-        """
-        params = self._params(timeout=timedelta(seconds=consumer_timeout))
-
-        def go(conn: Conn) -> dict[str, int]:
-            locked = conn.execute(
-                "SELECT pg_try_advisory_xact_lock(%s, hashtext(current_schema()))", (GC_LOCK,)
-            ).fetchone()
-            if not (locked and locked[0]):
-                return {"queues": 0, "consumers": 0, "messages": 0}
-            unused = f"SELECT name FROM {stmt.QUEUES} WHERE expires IS NOT NULL AND last_used + expires <= {stmt.NOW}"
-            expired = [str(r[0]) for r in conn.execute(unused, params).fetchall()]
-            stale = conn.execute(
-                f"DELETE FROM {stmt.CONSUMERS} WHERE seen_at <= {stmt.NOW} - %(timeout)s RETURNING queue", params
-            ).fetchall()
-            stale_queues = sorted({str(r[0]) for r in stale})
-            orphaned = [str(r[0]) for r in conn.execute(stmt.ORPHANED_AUTO_DELETE, {"names": stale_queues}).fetchall()]
-            queues = list(dict.fromkeys(expired + orphaned))
-            dropped = self._drop_queues(conn, queues)
-            ttl = conn.execute(
-                f"DELETE FROM {stmt.Q} WHERE expires_at IS NOT NULL AND expires_at <= {stmt.NOW}"
-                f" AND (lease_until IS NULL OR lease_until <= {stmt.NOW})",
-                params,
-            ).rowcount
-            return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}
-
-        return self.db.run(go, what="queue: collect garbage")
 
     # -- BrokerStore: change notification ------------------------------------------------------------------------
 
