@@ -45,7 +45,7 @@ DEFAULT_URL = "sqlite:///celery_workflow.sqlite3"
 
 
 WORKFLOW_TASK_PREFIX = "workflow."
-STEP_TASK_PREFIX = "step."  # both known to the transports too (celery_workflow.transport.base.WORKFLOW_TASKS)
+STEP_TASK_PREFIX = "step."  # both known to the transports too (celery_workflow.transport.channel.WORKFLOW_TASKS)
 
 
 def workflow_task_name(name: str) -> str:
