@@ -29,35 +29,27 @@ Every sqlite3 error is raised as :class:`~celery_workflow.errors.WorldError` wit
 
 from __future__ import annotations
 
-import json
 import sqlite3
-import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Sized
-from contextlib import contextmanager
-from datetime import UTC, datetime
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from celery_workflow import codec
 from celery_workflow import dead_letters as dead_letters_
 from celery_workflow._backend.broker import (
     BROKER_BINDINGS,
-    BROKER_CONSUMERS,
-    BROKER_EXCHANGES,
     BROKER_QUEUES,
     DEAD_LETTER_COLUMNS,
     DEAD_LETTERS,
     QUEUE,
-    Binding,
     QueuedMessage,
     claimed,
     dead_letters,
     parse_receipt,
-    queue_declaration,
     queue_tables,
     queued_messages,
 )
-from celery_workflow._sqlite.database import Database
-from celery_workflow.dead_letters import LEASE_EXPIRED, MAX_ERROR, DeadLetter
+from celery_workflow._sqlite.broker_state import BrokerState
+from celery_workflow._sqlite.queue_base import error_text, from_micros, marks, micros
+from celery_workflow.dead_letters import LEASE_EXPIRED, DeadLetter
 from celery_workflow.errors import DeadLetterNotFound, WorldError
 from celery_workflow.ids import to_micros
 from celery_workflow.world import ClaimedDelivery, Delivery
@@ -66,9 +58,7 @@ __all__ = ["TABLES", "SQLiteQueue"]
 
 _Q = QUEUE
 _QUEUES = BROKER_QUEUES
-_EXCHANGES = BROKER_EXCHANGES
 _BINDINGS = BROKER_BINDINGS
-_CONSUMERS = BROKER_CONSUMERS
 _DEAD = DEAD_LETTERS
 _DEAD_COLUMNS = ", ".join(DEAD_LETTER_COLUMNS.split())
 
@@ -87,49 +77,8 @@ _INSERT = (
 _CLAIMABLE = "queue = ? AND not_before <= ? AND (lease_until IS NULL OR lease_until <= ?) AND (expires_at IS NULL OR expires_at > ?)"
 
 
-def _us(seconds: float) -> int:
-    return round(seconds * 1_000_000)
-
-
-def _error(text: str | None) -> str | None:
-    return None if text is None else codec.cut(text, MAX_ERROR)
-
-
-def _datetime(micros: int | None) -> datetime | None:
-    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, UTC)
-
-
-def _marks(values: Sized) -> str:
-    return ", ".join("?" * len(values))
-
-
-class SQLiteQueue:
+class SQLiteQueue(BrokerState):
     """Deliveries and broker state in a :class:`~celery_workflow._sqlite.database.Database` (thread- and fork-safe)."""
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        #: Wall clock in seconds since the epoch; tests may replace it.
-        self.clock: Callable[[], float] = time.time
-
-    # -- plumbing ------------------------------------------------------------------------------------------------
-
-    def _now(self) -> int:
-        return _us(self.clock())
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction; sqlite3 errors become WorldError."""
-        try:
-            with self.db.transaction() as conn:
-                yield conn
-        except sqlite3.Error as exc:
-            raise WorldError(f"SQLite queue: {exc}") from exc
-
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        try:
-            return self.db.connection().execute(sql, params).fetchall()
-        except sqlite3.Error as exc:
-            raise WorldError(f"SQLite queue: {exc}") from exc
 
     # -- used by SQLiteWorld inside its own write transaction ----------------------------------------------------
 
@@ -202,7 +151,7 @@ class SQLiteQueue:
                 f"UPDATE {_Q} SET lease_until = NULL, not_before = ?, first_failed_at = COALESCE(first_failed_at, ?),"
                 " last_failed_at = ?, last_error = COALESCE(?, last_error)"
                 " WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
-                (now + _us(max(delay, 0.0)), now, now, _error(error), row_id, attempts),
+                (now + micros(max(delay, 0.0)), now, now, error_text(error), row_id, attempts),
             )
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
@@ -210,7 +159,7 @@ class SQLiteQueue:
         if not receipts:
             return
         parsed = [parse_receipt(r) for r in receipts]
-        until = self._now() + _us(lease)
+        until = self._now() + micros(lease)
         with self._write() as conn:
             conn.executemany(
                 f"UPDATE {_Q} SET lease_until = ? WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
@@ -230,7 +179,7 @@ class SQLiteQueue:
     ) -> bool:
         """Insert one message (due at ``not_before``, epoch seconds, or now); ``False`` when deduplicated."""
         now = self._now()
-        due = now if not_before is None else _us(not_before)
+        due = now if not_before is None else micros(not_before)
         with self._write() as conn:
             cur = conn.execute(_INSERT, (queue, payload, run_id, due, idempotency_key, due, queue, now))
             return cur.rowcount == 1
@@ -238,7 +187,7 @@ class SQLiteQueue:
     def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
         """Insert a copy of the message on every queue bound to ``exchange``; return the number of copies."""
         now = self._now()
-        due = now if not_before is None else _us(not_before)
+        due = now if not_before is None else micros(not_before)
         with self._write() as conn:
             cur = conn.execute(
                 f"INSERT INTO {_Q} (queue, payload, not_before, expires_at, created_at)"
@@ -288,12 +237,12 @@ class SQLiteQueue:
                 f"UPDATE {_Q} SET lease_until = ?, attempts = attempts + 1, idempotency_key = NULL,"
                 " first_failed_at = COALESCE(first_failed_at, lease_until), last_failed_at = COALESCE(lease_until,"
                 " last_failed_at), last_error = CASE WHEN lease_until IS NULL THEN last_error ELSE ? END"
-                f" WHERE id IN ({_marks(ids)}) RETURNING id, queue, payload, attempts, run_id, not_before",
-                (now + _us(lease), LEASE_EXPIRED, *ids),
+                f" WHERE id IN ({marks(ids)}) RETURNING id, queue, payload, attempts, run_id, not_before",
+                (now + micros(lease), LEASE_EXPIRED, *ids),
             ).fetchall()
             gone = [r[0] for r in rows if r[1] in no_ack]
             if gone:
-                conn.execute(f"DELETE FROM {_Q} WHERE id IN ({_marks(gone)})", gone)
+                conn.execute(f"DELETE FROM {_Q} WHERE id IN ({marks(gone)})", gone)
         rows.sort(key=lambda r: (r[5], r[0]))
         return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
@@ -339,7 +288,7 @@ class SQLiteQueue:
         if names is not None:
             if not names:
                 return []
-            sql += f" WHERE queue IN ({_marks(names)})"
+            sql += f" WHERE queue IN ({marks(names)})"
         rows = self._read(sql + " ORDER BY not_before, id", names or ())
         return queued_messages(rows, lambda micros: micros / 1e6)
 
@@ -377,11 +326,11 @@ class SQLiteQueue:
                 " SELECT id, queue, payload, run_id, attempts, ?, COALESCE(?, last_error), first_failed_at,"
                 " last_failed_at, created_at, ?, CASE WHEN run_id IS NULL THEN ? END"
                 f" FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL RETURNING {_DEAD_COLUMNS}",
-                (reason, _error(error), now, now, row_id, attempts),
+                (reason, error_text(error), now, now, row_id, attempts),
             ).fetchall()
             if rows:
                 conn.execute(f"DELETE FROM {_Q} WHERE id = ?", (row_id,))
-        letters = dead_letters(rows, _datetime)
+        letters = dead_letters(rows, from_micros)
         return letters[0] if letters else None
 
     @staticmethod
@@ -389,7 +338,7 @@ class SQLiteQueue:
         where: list[str] = ["1 = 1"]
         params: list[Any] = []
         if ids is not None:
-            where.append(f"{alias}id IN ({_marks(ids)})")
+            where.append(f"{alias}id IN ({marks(ids)})")
             params.extend(dead_letters_.letter_id(i) for i in ids)
         if queue is not None:
             where.append(f"{alias}queue = ?")
@@ -408,20 +357,20 @@ class SQLiteQueue:
             f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE {where} AND id > ? ORDER BY id LIMIT ?",
             (*params, dead_letters_.letter_id(after), max(limit, 0)),
         )
-        return dead_letters(rows, _datetime)
+        return dead_letters(rows, from_micros)
 
     def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
         rows = self._read(f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE id = ?", (dead_letters_.letter_id(letter_id),))
         if not rows:
             raise DeadLetterNotFound(f"no dead letter {letter_id}")
-        return dead_letters(rows, _datetime)[0]
+        return dead_letters(rows, from_micros)[0]
 
     def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
         """Dead letters whose run has not been failed because of them yet, oldest first."""
         rows = self._read(
             f"SELECT {_DEAD_COLUMNS} FROM {_DEAD} WHERE run_settled_at IS NULL ORDER BY id LIMIT ?", (max(limit, 0),)
         )
-        return dead_letters(rows, _datetime)
+        return dead_letters(rows, from_micros)
 
     def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
         """Record that the runs of these dead letters have been dealt with."""
@@ -429,7 +378,7 @@ class SQLiteQueue:
             return
         with self._write() as conn:
             conn.execute(
-                f"UPDATE {_DEAD} SET run_settled_at = ? WHERE id IN ({_marks(ids)}) AND run_settled_at IS NULL",
+                f"UPDATE {_DEAD} SET run_settled_at = ? WHERE id IN ({marks(ids)}) AND run_settled_at IS NULL",
                 (self._now(), *ids),
             )
 
@@ -456,216 +405,6 @@ class SQLiteQueue:
         where, params = self._selection(ids, queue)
         with self._write() as conn:
             return int(conn.execute(f"DELETE FROM {_DEAD} WHERE {where}", params).rowcount)
-
-    # -- BrokerStore: queues -------------------------------------------------------------------------------------
-
-    def declare_queue(
-        self,
-        name: str,
-        *,
-        durable: bool = True,
-        exclusive: bool = False,
-        auto_delete: bool = False,
-        expires: float | None = None,
-        message_ttl: float | None = None,
-    ) -> None:
-        """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
-        now = self._now()
-        with self._write() as conn:
-            conn.execute(
-                f"INSERT INTO {_QUEUES} (name, durable, exclusive, auto_delete, expires_ms, message_ttl_ms,"
-                " last_used, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET durable = excluded.durable, exclusive = excluded.exclusive,"
-                " auto_delete = excluded.auto_delete, expires_ms = excluded.expires_ms,"
-                " message_ttl_ms = excluded.message_ttl_ms, last_used = excluded.last_used",
-                (
-                    name,
-                    int(durable),
-                    int(exclusive),
-                    int(auto_delete),
-                    None if expires is None else int(expires * 1000),
-                    None if message_ttl is None else int(message_ttl * 1000),
-                    now,
-                    now,
-                ),
-            )
-
-    def has_queue(self, name: str) -> bool:
-        """True when the queue is declared or holds messages."""
-        rows = self._read(
-            f"SELECT EXISTS (SELECT 1 FROM {_QUEUES} WHERE name = ?) OR EXISTS (SELECT 1 FROM {_Q} WHERE queue = ?)",
-            (name, name),
-        )
-        return bool(rows[0][0])
-
-    def queue_info(self, name: str) -> dict[str, Any] | None:
-        """The stored declaration of a queue, or None."""
-        rows = self._read(
-            f"SELECT durable, exclusive, auto_delete, expires_ms, message_ttl_ms, last_used FROM {_QUEUES}"
-            " WHERE name = ?",
-            (name,),
-        )
-        if not rows:
-            return None
-        durable, exclusive, auto_delete, expires_ms, ttl_ms, last_used = rows[0]
-        return queue_declaration(
-            (durable, exclusive, auto_delete),
-            None if expires_ms is None else expires_ms / 1000,
-            None if ttl_ms is None else ttl_ms / 1000,
-            last_used / 1_000_000,
-        )
-
-    def delete_queue(self, name: str) -> int:
-        """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
-        with self._write() as conn:
-            return self._drop_queues(conn, [name])
-
-    @staticmethod
-    def _drop_queues(conn: sqlite3.Connection, names: Sequence[str]) -> int:
-        deleted = 0
-        for name in dict.fromkeys(names):
-            deleted += conn.execute(f"DELETE FROM {_Q} WHERE queue = ?", (name,)).rowcount
-            conn.execute(f"DELETE FROM {_BINDINGS} WHERE queue = ?", (name,))
-            conn.execute(f"DELETE FROM {_CONSUMERS} WHERE queue = ?", (name,))
-            conn.execute(f"DELETE FROM {_QUEUES} WHERE name = ?", (name,))
-        return deleted
-
-    # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
-
-    def declare_exchange(
-        self,
-        name: str,
-        type: str,
-        *,
-        durable: bool = True,
-        auto_delete: bool = False,
-        arguments: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Create or update an exchange (its type is what routing in other processes will use)."""
-        args = json.dumps(dict(arguments or {}), sort_keys=True, default=str)
-        with self._write() as conn:
-            conn.execute(
-                f"INSERT INTO {_EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET type = excluded.type,"
-                " durable = excluded.durable, auto_delete = excluded.auto_delete, arguments = excluded.arguments",
-                (name, type, int(durable), int(auto_delete), args, self._now()),
-            )
-
-    def exchange_type(self, name: str) -> str | None:
-        rows = self._read(f"SELECT type FROM {_EXCHANGES} WHERE name = ?", (name,))
-        return str(rows[0][0]) if rows else None
-
-    def queues(self) -> list[str]:
-        """The names of the declared queues."""
-        return [str(r[0]) for r in self._read(f"SELECT name FROM {_QUEUES} ORDER BY name")]
-
-    def consumers(self) -> dict[str, int]:
-        """How many live consumers (heartbeats not yet collected) each consumed queue has."""
-        return {str(q): int(n) for q, n in self._read(f"SELECT queue, COUNT(*) FROM {_CONSUMERS} GROUP BY queue")}
-
-    def exchanges(self) -> list[str]:
-        return [str(r[0]) for r in self._read(f"SELECT name FROM {_EXCHANGES} ORDER BY name")]
-
-    def delete_exchange(self, name: str) -> None:
-        """Delete an exchange and its bindings (queues stay, as in AMQP)."""
-        with self._write() as conn:
-            conn.execute(f"DELETE FROM {_BINDINGS} WHERE exchange = ?", (name,))
-            conn.execute(f"DELETE FROM {_EXCHANGES} WHERE name = ?", (name,))
-
-    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        with self._write() as conn:
-            conn.execute(
-                f"INSERT INTO {_BINDINGS} (exchange, routing_key, queue, pattern, created_at) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (exchange, routing_key, queue) DO UPDATE SET pattern = excluded.pattern",
-                (exchange, routing_key or "", queue, pattern, self._now()),
-            )
-
-    def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
-        with self._write() as conn:
-            conn.execute(
-                f"DELETE FROM {_BINDINGS} WHERE exchange = ? AND routing_key = ? AND queue = ?",
-                (exchange, routing_key or "", queue),
-            )
-
-    def bindings(self, exchange: str | None = None) -> list[Binding]:
-        """Bindings of one exchange, or all of them."""
-        sql = f"SELECT exchange, routing_key, pattern, queue FROM {_BINDINGS}"
-        rows = self._read(sql + " WHERE exchange = ?", (exchange,)) if exchange is not None else self._read(sql)
-        return [Binding(str(e), str(k), None if p is None else str(p), str(q)) for e, k, p, q in rows]
-
-    # -- BrokerStore: liveness and collection --------------------------------------------------------------------
-
-    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
-        """Record that ``consumer`` is alive on ``queues`` and mark them used; return those not declared."""
-        if not queues:
-            return []
-        names = list(dict.fromkeys(queues))
-        now = self._now()
-        with self._write() as conn:
-            conn.executemany(
-                f"INSERT INTO {_CONSUMERS} (queue, consumer, seen_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at",
-                [(q, consumer, now) for q in names],
-            )
-            conn.execute(f"UPDATE {_QUEUES} SET last_used = ? WHERE name IN ({_marks(names)})", (now, *names))
-            known = {r[0] for r in conn.execute(f"SELECT name FROM {_QUEUES} WHERE name IN ({_marks(names)})", names)}
-        return [q for q in names if q not in known]
-
-    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]:
-        """Forget ``consumer`` on ``queues``; delete the auto_delete ones left without consumers (returned)."""
-        if not queues:
-            return []
-        names = list(dict.fromkeys(queues))
-        with self._write() as conn:
-            conn.executemany(
-                f"DELETE FROM {_CONSUMERS} WHERE queue = ? AND consumer = ?", [(q, consumer) for q in names]
-            )
-            doomed = self._orphaned_auto_delete(conn, names)
-            self._drop_queues(conn, doomed)
-        return doomed
-
-    @staticmethod
-    def _orphaned_auto_delete(conn: sqlite3.Connection, names: Sequence[str]) -> list[str]:
-        if not names:
-            return []
-        rows = conn.execute(
-            f"SELECT name FROM {_QUEUES} AS d WHERE name IN ({_marks(names)}) AND auto_delete = 1"
-            f" AND NOT EXISTS (SELECT 1 FROM {_CONSUMERS} AS c WHERE c.queue = d.name)",
-            list(names),
-        ).fetchall()
-        return [str(r[0]) for r in rows]
-
-    def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
-        """Collect what nobody uses any more, in one transaction.
-
-        * queues declared with ``x-expires`` and unused (no declaration, no consumer heartbeat) for that long;
-        * consumers silent for ``consumer_timeout`` seconds (dead processes) and the auto_delete queues they leave
-          without consumers;
-        * messages past their TTL that nobody holds.
-
-        A collected queue goes with its bindings and messages. Returns counts by kind.
-        """
-        now = self._now()
-        with self._write() as conn:
-            expired = [
-                str(r[0])
-                for r in conn.execute(
-                    f"SELECT name FROM {_QUEUES} WHERE expires_ms IS NOT NULL AND last_used + expires_ms * 1000 <= ?",
-                    (now,),
-                )
-            ]
-            stale = conn.execute(
-                f"DELETE FROM {_CONSUMERS} WHERE seen_at <= ? RETURNING queue", (now - _us(consumer_timeout),)
-            ).fetchall()
-            orphaned = self._orphaned_auto_delete(conn, list(dict.fromkeys(str(r[0]) for r in stale)))
-            queues = list(dict.fromkeys(expired + orphaned))
-            dropped = self._drop_queues(conn, queues)
-            ttl = conn.execute(
-                f"DELETE FROM {_Q} WHERE expires_at IS NOT NULL AND expires_at <= ?"
-                " AND (lease_until IS NULL OR lease_until <= ?)",
-                (now, now),
-            ).rowcount
-        return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}
 
     # -- BrokerStore: change notification ------------------------------------------------------------------------
 

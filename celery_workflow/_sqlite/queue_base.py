@@ -1,0 +1,62 @@
+"""What every part of the SQLite queue shares: its clock (microseconds since the epoch, replaceable in tests) and
+its transactions (:class:`QueueBase`), which :class:`~celery_workflow._sqlite.broker_state.BrokerState` and
+:class:`~celery_workflow._sqlite.queue.SQLiteQueue` build on."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence, Sized
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from celery_workflow import codec
+from celery_workflow._sqlite.database import Database
+from celery_workflow.dead_letters import MAX_ERROR
+from celery_workflow.errors import WorldError
+
+
+def micros(seconds: float) -> int:
+    return round(seconds * 1_000_000)
+
+
+def error_text(text: str | None) -> str | None:
+    return None if text is None else codec.cut(text, MAX_ERROR)
+
+
+def from_micros(micros: int | None) -> datetime | None:
+    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, UTC)
+
+
+def marks(values: Sized) -> str:
+    return ", ".join("?" * len(values))
+
+
+class QueueBase:
+    """A :class:`~celery_workflow._sqlite.database.Database` and the queue's clock."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        #: Wall clock in seconds since the epoch; tests may replace it.
+        self.clock: Callable[[], float] = time.time
+
+    # -- plumbing ------------------------------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return micros(self.clock())
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction; sqlite3 errors become WorldError."""
+        try:
+            with self.db.transaction() as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self.db.connection().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise WorldError(f"SQLite queue: {exc}") from exc
