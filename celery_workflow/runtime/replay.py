@@ -7,10 +7,11 @@ is a divergence, reported instead of guessed at.
 
 When replay reaches a step with no result it runs it inline (the fast path: ``step_created`` + ``step_started`` in
 one conditional append, the body, then ``step_completed``; the first step of a new run may start unwritten, its
-creation and start riding with the delivery's next write, see :meth:`Replay._run_inline`) unless the step must be its own delivery: it was started
-as a future, it declares another queue, it must wait for a retry, or the delivery is past its time budget. A call
-that cannot finish now raises :class:`Suspend` (a ``BaseException``, so user ``except Exception`` blocks cannot
-swallow it); the handler then writes the pending creations and deliveries in one append.
+creation and start riding with the delivery's next write, see :meth:`Replay._run_inline`) unless the step must be
+its own delivery: it was started as a future, it declares another queue, it must wait for a retry, or the delivery
+is past its time budget. A call that cannot finish now raises :class:`Suspend` (a ``BaseException``, so user
+``except Exception`` blocks cannot swallow it); the handler then writes the pending creations and deliveries in one
+append.
 
 This module does no I/O of its own: every read and write goes through the :class:`Effects` the handler passes in.
 """

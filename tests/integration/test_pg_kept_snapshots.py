@@ -195,3 +195,48 @@ def test_a_kept_append_is_one_implicit_transaction_with_only_the_writes_the_run_
     assert not any("hook" in sql or "waits" in sql or sql.startswith(("BEGIN", "COMMIT")) for sql in last), last
     assert last[-1].startswith("SELECT pg_notify")
     assert pg_world.get_run(run_id).status is RunStatus.COMPLETED
+
+
+def test_a_new_runs_quick_first_step_is_one_round_trip_with_its_end(pg_url: str, round_trips: list[str]) -> None:
+    """The first delivery of a one-step run, its opening carried and its step known to be quick, reads nothing and
+    writes once: the run's start, the step's creation, start and result, the run's end and the ack together."""
+    from celery import Celery
+
+    from celery_workflow import Workflows
+    from celery_workflow.app import decode_message
+    from celery_workflow.testing import LocalWorker
+    from celery_workflow.world import Claim
+
+    wf = Workflows(Celery("held"), world=PostgresWorld.open(pg_url), configure_broker=False)
+    try:
+
+        @wf.step
+        def bump(i: int) -> int:
+            return i + 1
+
+        @wf.workflow
+        def once(i: int) -> int:
+            return bump(i)
+
+        LocalWorker(wf).run_until_complete(once.start(1))  # the step runs once in this process: now known quick
+        run = once.start(2)
+        world: Any = wf.world
+        (claimed,) = world.claim([wf.runtime.default_queue], limit=1, lease=30)
+        round_trips.clear()
+        assert wf.handle_delivery(claimed.payload, Claim(claimed.receipt, claimed.attempts)) == "completed"
+        assert len(round_trips) == 1, round_trips
+        assert [e.event_type for e in run.events()] == [
+            EventType.RUN_CREATED,
+            EventType.RUN_STARTED,
+            EventType.STEP_CREATED,
+            EventType.STEP_STARTED,
+            EventType.STEP_COMPLETED,
+            EventType.RUN_COMPLETED,
+        ]
+        delivery_id = decode_message(claimed.payload).id
+        assert [(s.status.value, s.attempt, s.owner) for s in world.list_steps(run.id)] == [
+            ("completed", 1, delivery_id)
+        ]
+        assert run.result() == 3 and world.store.peek() == []  # the delivery went with the write
+    finally:
+        wf.close()
