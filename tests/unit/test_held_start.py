@@ -4,6 +4,7 @@ moved meanwhile)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,12 +30,15 @@ def _appends(wf: Workflows) -> list[list[EventType]]:
     return appends
 
 
-def _flows(wf: Workflows) -> tuple[Any, Any, list[int]]:
+def _flows(wf: Workflows, during: Callable[[list[int]], object] | None = None) -> tuple[Any, Any, list[int]]:
+    """A one-step and a two-step workflow over one step, which records its calls and then calls ``during``."""
     calls: list[int] = []
 
     @wf.step
     def bump(i: int) -> int:
         calls.append(i)
+        if during is not None:
+            during(calls)
         if i < 0:
             raise ValueError("negative")
         return i + 1
@@ -158,22 +162,11 @@ def test_a_held_step_that_fails_writes_the_start_first(wf: Workflows, worker: Lo
 def test_a_run_cancelled_during_a_held_step_stays_cancelled(wf: Workflows) -> None:
     """The held write is refused (the run ended under it): the step's result is not recorded on its own, since its
     start never was, and the delivery ends quietly."""
-    calls: list[int] = []
-
-    @wf.step
-    def bump(i: int) -> int:
-        calls.append(i)
-        if len(calls) > 1:
-            wf.cancel(run_id, "while it ran")
-        return i + 1
-
-    @wf.workflow
-    def once(i: int) -> int:
-        return bump(i)
-
+    target: dict[str, str] = {}
+    once, _, calls = _flows(wf, lambda calls: len(calls) > 1 and wf.cancel(target["run"], "while it ran"))
     LocalWorker(wf).run_until_complete(once.start(1))
     run = once.start(2)
-    run_id = run.id
+    target["run"] = run.id
     payload, claim = _first(wf, run.id)
     assert wf.handle_delivery(payload, claim) == "ended"
     assert calls == [1, 2]
@@ -186,22 +179,13 @@ def test_a_log_moved_under_a_held_step_replays_without_recording_its_result(wf: 
     """Another writer moved the run's log while the held step ran (nothing in the library does this to a pending
     run; an operator's tool might): the held write is refused, the step's result is not recorded on its own (its
     start never was), and the replay starts over on the log as it is."""
-    calls: list[int] = []
-
-    @wf.step
-    def bump(i: int) -> int:
-        calls.append(i)
-        if len(calls) == 2:
-            wf.world.append(run_id, [NewEvent(EventType.RUN_STARTED)])
-        return i + 1
-
-    @wf.workflow
-    def once(i: int) -> int:
-        return bump(i)
-
+    target: dict[str, str] = {}
+    once, _, calls = _flows(
+        wf, lambda calls: len(calls) == 2 and wf.world.append(target["run"], [NewEvent(EventType.RUN_STARTED)])
+    )
     LocalWorker(wf).run_until_complete(once.start(1))
     run = once.start(2)
-    run_id = run.id
+    target["run"] = run.id
     _, claim = _first(wf, run.id)
     # without the opening: the run is read from the World, as after a restart or from a World carrying none
     assert wf.runtime.handle_workflow(run.id, delivery_id="d", claim=claim) == "completed"
