@@ -56,6 +56,11 @@ LEASE_EXPIRED = "the delivery's lease ran out without an ack (its worker died or
 MAX_ERROR = 8192
 
 
+def cut_error(text: str | None) -> str | None:
+    """An error as a store keeps it with a delivery: at most :data:`MAX_ERROR` bytes (see :func:`codec.cut`)."""
+    return None if text is None else codec.cut(text, MAX_ERROR)
+
+
 def message_task(payload: bytes) -> tuple[str | None, str | None]:
     """``(task name, task id)`` of a stored Kombu message carrying a Celery task (protocol 2 headers), else Nones."""
     try:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from celery_workflow import codec, ids
 from celery_workflow._aws.queue import body_of
 from celery_workflow._aws.table import META, queue_pk
-from celery_workflow.dead_letters import MAX_ERROR, DeadLetter
+from celery_workflow.dead_letters import DeadLetter, cut_error
 from celery_workflow.errors import DeadLetterNotFound
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ class SQSDeadLetters:
         self.world.queue.delete_message(queue, handle)
         return DeadLetter(
             str(sent["MessageId"]), _source_id(body), queue, run_id, attempts, reason,
-            None if error is None else codec.cut(error, MAX_ERROR), None, None, now, now, payload,
+            cut_error(error), None, None, now, now, payload,
         )  # fmt: skip
 
     # -- the DeadLetterStore API -------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -27,7 +26,6 @@ import psycopg
 from celery_workflow._backend.recent import Recent
 
 __all__ = [
-    "CHANNELS",
     "CHANNEL_QUEUE",
     "CHANNEL_RUNS",
     "CHANNEL_STREAMS",
@@ -41,7 +39,6 @@ log = logging.getLogger("celery_workflow.postgres")
 CHANNEL_QUEUE = "celery_workflow_queue"
 CHANNEL_RUNS = "celery_workflow_runs"
 CHANNEL_STREAMS = "celery_workflow_streams"
-CHANNELS = (CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS)
 #: NOTIFY channels are per database, so each logical channel above is suffixed with a tag of the schema the tables
 #: are in (the session's ``current_schema()``, the first schema of its search_path that exists): two apps in two
 #: schemas of one database never hear each other. Senders compute it in SQL, the listener once per connection.
@@ -63,18 +60,18 @@ class Listener:
     kept as the last thing carried for that key (:meth:`carried`; a run's end carries the run's record), for the
     :data:`_MAX_CARRIED` keys heard last.
 
-    ``channels`` are listened on from the start; any other is from its first :meth:`mark` on (that call waits until
-    the server listens on it, so a notification sent after the mark returned is heard).
+    A channel is listened on from its first :meth:`mark` on (that call waits until the server listens on it, so a
+    notification sent after the mark returned is heard).
     """
 
-    def __init__(self, conninfo: str, channels: Iterable[str] = (), *, ready_timeout: float = 5.0) -> None:
+    def __init__(self, conninfo: str, *, ready_timeout: float = 5.0) -> None:
         """``ready_timeout``: how long the constructor waits for the first connection (or its failure), and a first
         mark of a channel for its ``LISTEN``."""
         self.conninfo = conninfo
         self.tag = ""  # the schema's tag, set on connecting (see SCHEMA_TAG)
         self.ready_timeout = ready_timeout
         self._cond = threading.Condition()
-        self._wanted: set[str] = set(channels)
+        self._wanted: set[str] = set()
         self._listening: frozenset[str] = frozenset()  # on the current connection
         self._generations: dict[tuple[str, str | None], int] = {}
         self._carried: Recent[tuple[str, str], str] = Recent(_MAX_CARRIED)
@@ -191,18 +188,21 @@ class Listener:
                     return
                 log.warning("Postgres listener lost its connection (%s); reconnecting in %.1f s", exc, delay)
                 self._ready.set()
-                with self._cond:
-                    self._conn = None
-                    self._listening = frozenset()
-                    self._epoch += 1
-                    self._cond.notify_all()
+                self._forget_connection(lost=True)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 5.0)
             finally:
-                with self._cond:
-                    self._conn = None
-                    self._listening = frozenset()
-                    self._cond.notify_all()
+                self._forget_connection()
+
+    def _forget_connection(self, *, lost: bool = False) -> None:
+        """No connection listens any more (waiters of a new channel stop waiting for it); ``lost``: it broke, so
+        every waiter checks again (notifications may have been lost)."""
+        with self._cond:
+            self._conn = None
+            self._listening = frozenset()
+            if lost:
+                self._epoch += 1
+            self._cond.notify_all()
 
     def _drain_nudges(self) -> None:
         try:

@@ -60,9 +60,9 @@ from celery_workflow._backend.broker import (
 from celery_workflow._postgres import queue_sql as stmt
 from celery_workflow._postgres.broker_state import BrokerState
 from celery_workflow._postgres.listener import CHANNEL_QUEUE
-from celery_workflow._postgres.queue_base import Conn, at, error_text, utc
+from celery_workflow._postgres.queue_base import Conn, at, utc
 from celery_workflow._postgres.script import Script
-from celery_workflow.dead_letters import DeadLetter
+from celery_workflow.dead_letters import DeadLetter, cut_error
 from celery_workflow.errors import DeadLetterNotFound
 from celery_workflow.ids import to_utc
 from celery_workflow.world import ClaimedDelivery, Delivery
@@ -196,7 +196,7 @@ class PostgresQueue(BrokerState):
             id=row_id,
             attempts=attempts,
             delay=timedelta(seconds=max(delay, 0.0)),
-            error=error_text(error),
+            error=cut_error(error),
         )
 
     # -- dead letters (celery_workflow.dead_letters.DeadLetterStore) -------------------------------------------
@@ -207,7 +207,7 @@ class PostgresQueue(BrokerState):
         row_id, attempts = parse_receipt(receipt)
         rows = self._rows(
             "dead-letter", stmt.DEAD_LETTER, commit_mode="disk", id=row_id, attempts=attempts, reason=reason,
-            error=error_text(error),
+            error=cut_error(error),
         )  # fmt: skip
         letters = dead_letters(rows, utc)
         return letters[0] if letters else None

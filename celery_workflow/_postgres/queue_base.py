@@ -9,10 +9,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from celery_workflow import codec
 from celery_workflow._postgres.database import PgDatabase
 from celery_workflow._postgres.script import Script, commit_setting
-from celery_workflow.dead_letters import MAX_ERROR
 
 if TYPE_CHECKING:  # psycopg is imported (or its absence reported) by celery_workflow._postgres.database
     import psycopg
@@ -30,10 +28,6 @@ def at(epoch: float | None) -> datetime | None:
 
 def utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
-
-
-def error_text(text: str | None) -> str | None:
-    return None if text is None else codec.cut(text, MAX_ERROR)
 
 
 def total(value: timedelta | None) -> float | None:

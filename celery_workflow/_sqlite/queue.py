@@ -48,8 +48,8 @@ from celery_workflow._backend.broker import (
     queued_messages,
 )
 from celery_workflow._sqlite.broker_state import BrokerState
-from celery_workflow._sqlite.queue_base import error_text, from_micros, marks, micros
-from celery_workflow.dead_letters import LEASE_EXPIRED, DeadLetter
+from celery_workflow._sqlite.queue_base import from_micros, marks, micros
+from celery_workflow.dead_letters import LEASE_EXPIRED, DeadLetter, cut_error
 from celery_workflow.errors import DeadLetterNotFound, WorldError
 from celery_workflow.ids import to_micros
 from celery_workflow.world import ClaimedDelivery, Delivery
@@ -151,7 +151,7 @@ class SQLiteQueue(BrokerState):
                 f"UPDATE {_Q} SET lease_until = NULL, not_before = ?, first_failed_at = COALESCE(first_failed_at, ?),"
                 " last_failed_at = ?, last_error = COALESCE(?, last_error)"
                 " WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL",
-                (now + micros(max(delay, 0.0)), now, now, error_text(error), row_id, attempts),
+                (now + micros(max(delay, 0.0)), now, now, cut_error(error), row_id, attempts),
             )
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
@@ -326,7 +326,7 @@ class SQLiteQueue(BrokerState):
                 " SELECT id, queue, payload, run_id, attempts, ?, COALESCE(?, last_error), first_failed_at,"
                 " last_failed_at, created_at, ?, CASE WHEN run_id IS NULL THEN ? END"
                 f" FROM {_Q} WHERE id = ? AND attempts = ? AND lease_until IS NOT NULL RETURNING {_DEAD_COLUMNS}",
-                (reason, error_text(error), now, now, row_id, attempts),
+                (reason, cut_error(error), now, now, row_id, attempts),
             ).fetchall()
             if rows:
                 conn.execute(f"DELETE FROM {_Q} WHERE id = ?", (row_id,))

@@ -11,18 +11,12 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_workflow import codec
 from celery_workflow._sqlite.database import Database
-from celery_workflow.dead_letters import MAX_ERROR
 from celery_workflow.errors import WorldError
 
 
 def micros(seconds: float) -> int:
     return round(seconds * 1_000_000)
-
-
-def error_text(text: str | None) -> str | None:
-    return None if text is None else codec.cut(text, MAX_ERROR)
 
 
 def from_micros(micros: int | None) -> datetime | None:

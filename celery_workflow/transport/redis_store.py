@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from celery_workflow import codec, dead_letters
+from celery_workflow import dead_letters
 from celery_workflow._backend.broker import Binding, QueuedMessage, claimed, parse_receipt
 from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import ConfigurationError, DeadLetterNotFound, WorldError, WorldUnavailable
@@ -53,10 +53,6 @@ log = logging.getLogger(__name__)
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
-
-
-def _error(text: str | None) -> str | None:
-    return None if text is None else codec.cut(text, dead_letters.MAX_ERROR)
 
 
 def _when(raw: bytes | None) -> datetime | None:
@@ -212,7 +208,7 @@ class RedisStore:
             row_id, attempts = parse_receipt(receipt)
             args += [row_id, attempts]
         if args:
-            self._script("settle", op, value, _error(error) or "", *args)
+            self._script("settle", op, value, dead_letters.cut_error(error) or "", *args)
 
     def ack(self, receipt: str) -> None:
         self._settle("ack", 0, [receipt])
@@ -273,7 +269,7 @@ class RedisStore:
         """Move the claimed message to the dead letters with its history (``error`` becomes its last error when
         given); None when the receipt is stale."""
         row_id, attempts = parse_receipt(receipt)
-        letter = int(self._script("dead_letter", row_id, attempts, reason, _error(error) or ""))
+        letter = int(self._script("dead_letter", row_id, attempts, reason, dead_letters.cut_error(error) or ""))
         return self.get_dead_letter(letter) if letter else None
 
     def _letters(self, ids: Sequence[bytes | int | str]) -> list[DeadLetter]:

@@ -11,6 +11,7 @@ report.
 * ``pg_url``: a ``postgresql://`` URL whose ``search_path`` is a fresh schema ``cw_test_<random>`` (dropped after the
   test) and whose ``application_name`` is the schema's name, so a test can find (and terminate) its own connections.
 * ``pg_admin``: an autocommit connection outside the test's schema (terminate backends, inspect the catalog).
+* ``pg_db``: a migrated ``PgDatabase`` (a pool of 4) on that schema; ``pg_world``: a ``PostgresWorld`` on it.
 """
 
 from __future__ import annotations
@@ -107,3 +108,14 @@ def pg_world_fixture(pg_url: str) -> Iterator[Any]:
     w = PostgresWorld.open(pg_url)
     yield w
     w.close()
+
+
+@pytest.fixture(name="pg_db")
+def pg_db_fixture(pg_url: str) -> Iterator[Any]:
+    """A migrated PgDatabase (a pool of 4) on this test's schema."""
+    from celery_workflow._postgres.database import PgDatabase
+
+    database = PgDatabase.open(pg_url, max_size=4)
+    database.migrate()
+    yield database
+    database.close()

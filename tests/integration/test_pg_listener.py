@@ -3,7 +3,6 @@ them across a reconnection."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -15,6 +14,7 @@ from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.testing._conformance import eventually
 from tests.integration.pg_fixtures import (  # noqa: F401
     pg_admin_fixture,
+    pg_db_fixture,
     pg_schema_fixture,
     pg_url_fixture,
     terminate_backends,
@@ -24,11 +24,8 @@ DEADLINE = 10.0
 
 
 @pytest.fixture
-def db(pg_url: str) -> Iterator[PgDatabase]:
-    database = PgDatabase.open(pg_url, max_size=4)
-    database.migrate()
-    yield database
-    database.close()
+def db(pg_db: PgDatabase) -> PgDatabase:
+    return pg_db
 
 
 def _notify(db: PgDatabase, channel: str, payload: str) -> None:

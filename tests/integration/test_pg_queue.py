@@ -6,7 +6,6 @@ import multiprocessing
 import multiprocessing.synchronize
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,7 +17,13 @@ from celery_workflow._postgres.listener import CHANNEL_QUEUE, SCHEMA_TAG
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.errors import WorldError
 from celery_workflow.world import Delivery
-from tests.integration.pg_fixtures import fresh_schema, pg_schema_fixture, pg_url_fixture, schema_url  # noqa: F401
+from tests.integration.pg_fixtures import (  # noqa: F401
+    fresh_schema,
+    pg_db_fixture,
+    pg_schema_fixture,
+    pg_url_fixture,
+    schema_url,
+)
 from tests.integration.queue_suite import Clock, QueueStoreSuite, at, claim_in_processes
 
 
@@ -29,11 +34,8 @@ def url(pg_url: str) -> str:
 
 
 @pytest.fixture
-def db(url: str) -> Iterator[PgDatabase]:
-    database = PgDatabase.open(url, max_size=4)
-    database.migrate()
-    yield database
-    database.close()
+def db(pg_db: PgDatabase) -> PgDatabase:
+    return pg_db
 
 
 @pytest.fixture
