@@ -21,7 +21,9 @@ Guarantees (the seed's worker model):
 * A receipt (``"<id>.<attempts>"``) names exactly one claim: ids are never reused (bigserial) and every claim
   increments ``attempts``. ack / release / retry_later / extend with a stale receipt change nothing.
 * An idempotency key deduplicates against a *pending* row of the same run (rows without a run: of the same queue),
-  enforced by partial unique indexes and ``INSERT … ON CONFLICT DO NOTHING``; claiming releases the key.
+  enforced by partial unique indexes; claiming releases the key. A duplicate locks the pending row it joined until
+  its transaction ends, so that row is not claimed before what was written with the duplicate is visible
+  (``queue_sql.ON_CONFLICT``).
 * Durability: an insert (``put``, ``enqueue``, a World append's deliveries) is on disk when the call returns. Claims,
   acks, lease changes and heartbeats commit without waiting for the disk (``synchronous_commit = off``; the next
   durable commit, at most ``wal_writer_delay`` later, takes them along): a database crash can lose the last moments
@@ -47,6 +49,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 
 from celery_workflow import dead_letters as dead_letters_
@@ -68,6 +71,11 @@ from celery_workflow.ids import to_utc
 from celery_workflow.world import ClaimedDelivery, Delivery
 
 __all__ = ["PostgresQueue", "parse_receipt"]
+
+
+@lru_cache(maxsize=64)
+def _insert_sql(scope: str, alone: bool, when: str) -> str:
+    return stmt.insert(scope, alone=alone, when=when)
 
 
 class PostgresQueue(BrokerState):
@@ -93,14 +101,11 @@ class PostgresQueue(BrokerState):
         their results (one row each when stored, none when deduplicated). ``when``: an SQL condition (with its own
         ``%(name)s`` parameters) a delivery is stored under, evaluated by the statement."""
         alone = len(deliveries) == 1  # then announced with its row id (see queue_sql.NOTIFY_ROW)
-        if when is None:
-            sql = stmt.INSERT_ALONE if alone else stmt.INSERT
-        else:
-            sql = (stmt.INSERT_WHEN_ALONE if alone else stmt.INSERT_WHEN).replace("{when}", when[0])
+        condition = "true" if when is None else when[0]
         extra = {} if when is None else dict(when[1])
         return [
             script.add(
-                sql,
+                _insert_sql(stmt.dedup_scope(d.run_id, d.idempotency_key), alone, condition),
                 self._params(
                     queue=d.queue,
                     payload=bytes(d.payload),
@@ -298,7 +303,7 @@ class PostgresQueue(BrokerState):
         """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated."""
         rows = self._rows(
             "put",
-            stmt.INSERT_ALONE,
+            _insert_sql(stmt.dedup_scope(run_id, idempotency_key), True, "true"),
             commit_mode="disk",
             queue=queue,
             payload=bytes(payload),

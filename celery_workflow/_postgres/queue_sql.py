@@ -50,6 +50,27 @@ CLAIMABLE = (
 # transaction: Postgres folds identical payloads).
 NOTIFY_ROW = notify_sql(CHANNEL_QUEUE, "CASE WHEN due THEN queue || E'\\n' || id ELSE queue END")
 
+# An idempotency key deduplicates against a pending row of the same run (a row without a run: of the same queue).
+# The duplicate LOCKS the pending row it joins until its own transaction ends (``DO UPDATE … WHERE false`` updates
+# nothing and returns nothing, but locks the conflicting row), and claims skip locked rows: the delivery that absorbed
+# the duplicate is claimed only once the writes that came with the duplicate (a step's result, a hook's payload) are
+# visible to it. With ``DO NOTHING`` a claim could take the row between the duplicate's insert and its commit, and
+# that delivery would replay a log without them: the run's wake-up lost for good (a run stuck, seen with three
+# parallel steps finishing together while Flower watched). A delivery without a key cannot conflict.
+ON_CONFLICT = {
+    "none": "ON CONFLICT DO NOTHING",
+    "run": "ON CONFLICT (run_id, idempotency_key) WHERE idempotency_key IS NOT NULL AND run_id IS NOT NULL"
+    " DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key WHERE false",
+    "queue": "ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL AND run_id IS NULL"
+    " DO UPDATE SET idempotency_key = EXCLUDED.idempotency_key WHERE false",
+}
+
+
+def dedup_scope(run_id: str | None, key: str | None) -> str:
+    """Which unique index a delivery may conflict on (the key of :data:`ON_CONFLICT`)."""
+    return "none" if key is None else "queue" if run_id is None else "run"
+
+
 INSERT_WHEN = f"""
 WITH ins AS (
     INSERT INTO {Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
@@ -57,14 +78,20 @@ WITH ins AS (
            t.due + (SELECT message_ttl FROM {QUEUES} WHERE name = %(queue)s), t.now
     FROM (SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now) AS t
     WHERE {{when}}
-    ON CONFLICT DO NOTHING
+    {{conflict}}
     RETURNING queue, id, not_before <= created_at AS due
 )
 SELECT {NOTIFY} FROM ins
 """
-INSERT = INSERT_WHEN.replace("{when}", "true")
 INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {NOTIFY_ROW} FROM ins")
-INSERT_ALONE = INSERT_WHEN_ALONE.replace("{when}", "true")
+
+
+def insert(scope: str, *, alone: bool, when: str = "true") -> str:
+    """The insert of one delivery (see INSERT_WHEN): announced with its row id when ``alone``, stored only under the
+    SQL condition ``when``, deduplicated in ``scope`` (see :func:`dedup_scope`)."""
+    template = INSERT_WHEN_ALONE if alone else INSERT_WHEN
+    return template.replace("{when}", when).replace("{conflict}", ON_CONFLICT[scope])
+
 
 FANOUT = f"""
 WITH ins AS (

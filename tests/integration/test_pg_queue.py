@@ -116,6 +116,26 @@ def test_a_claim_skips_rows_locked_by_another_transaction(queue: PostgresQueue, 
     assert [c.payload for c in queue.claim(["a"])] == [b"locked"]
 
 
+@pytest.mark.parametrize("run_id", ["r1", None], ids=["run key", "queue key"])
+def test_a_duplicate_holds_the_pending_row_it_joined_until_its_transaction_ends(
+    queue: PostgresQueue, url: str, run_id: str | None
+) -> None:
+    """A step's result and its run's wake-up are written together; the wake-up joins one already pending. Until that
+    transaction commits, the pending delivery must not be claimed: run now, it would replay a log without the
+    result, and the wake-up that came with the result would be gone (the run stuck)."""
+    queue.enqueue([Delivery("a", b"pending", run_id=run_id, idempotency_key="wake")])
+    with psycopg.connect(url, autocommit=True) as writer:
+        writer.execute("BEGIN")  # the transaction of a World's append
+        assert queue.insert(writer, [Delivery("a", b"joined", run_id=run_id, idempotency_key="wake")]) == [False]
+        started = time.monotonic()
+        assert queue.claim(["a"]) == []  # skipped, not waited for
+        assert time.monotonic() - started < 2
+        writer.execute("COMMIT")
+    (claim,) = queue.claim(["a"])
+    assert claim.payload == b"pending"
+    assert queue.enqueue([Delivery("a", b"later", run_id=run_id, idempotency_key="wake")]) == [True]  # claimed: free
+
+
 # -- notifications -------------------------------------------------------------------------------------------------
 
 
