@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
-from psycopg.generators import fetch_many, pipeline_communicate
+from psycopg.generators import fetch_many, pipeline_communicate, send
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,6 +31,9 @@ __all__ = ["Result", "Script", "commit_setting", "forget_prepared", "no_auto_pre
 
 _ATTRIBUTE = "_celery_workflow_prepared"
 _PLACEHOLDER = re.compile(r"%(?:%|s|\((\w+)\)s)")
+#: The largest script (bytes of parameters) sent in one go before its answers are read: well within the socket
+#: buffers, so the server's answers can wait in them until the script is sent whole.
+_ONE_SEND = 32768
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY)
 
 
@@ -176,6 +179,7 @@ class _Prepared:
         commands: deque[Callable[[], None]] = deque()
         # what each command answers: the index of its statement, or the key of a statement it prepares
         answers: list[int | tuple[bytes, tuple[int, ...]]] = []
+        size = 0  # bytes of parameters
         for index, (sql, params) in enumerate(queued):
             if params is None:
                 commands.append(partial(pgconn.send_query_params, sql.encode(), None))
@@ -184,6 +188,7 @@ class _Prepared:
             query, names = _convert(sql)
             values = _values(params, names)
             dumped = dump(values, [PyFormat.AUTO] * len(values))
+            size += sum(len(v) for v in dumped if v is not None)
             types = tuple(self.transformer.types or ())
             key = (query, types)
             name = self.names.get(key)
@@ -197,7 +202,15 @@ class _Prepared:
         with conn.lock:
             pgconn.enter_pipeline_mode()
             try:
-                results = [r for rs in conn.wait(pipeline_communicate(pgconn, commands)) for r in rs]
+                if size <= _ONE_SEND:
+                    # All at once: libpq keeps the commands in its buffer until the sync flushes them, so the server
+                    # gets one packet and runs the script without waiting for the next statement to arrive
+                    for command in commands:
+                        command()
+                    conn.wait(send(pgconn))
+                    results: list[Any] = []
+                else:  # a large script is sent while the answers are read (neither side's buffer fills up)
+                    results = [r for rs in conn.wait(pipeline_communicate(pgconn, commands)) for r in rs]
                 while not results or results[-1].status != pq.ExecStatus.PIPELINE_SYNC:
                     results.extend(conn.wait(fetch_many(pgconn)))
             except BaseException:

@@ -50,6 +50,22 @@ def test_placeholders_rows_and_counts(conn: psycopg.Connection[Any]) -> None:
     assert script.send() == []  # nothing queued: no round trip
 
 
+@pytest.mark.parametrize("size", [10, 200_000], ids=["sent whole", "sent while answers are read"])
+def test_large_and_small_scripts_answer_alike(conn: psycopg.Connection[Any], size: int) -> None:
+    """A small script goes out in one write before any answer is read; a large one (parameters past the socket
+    buffers) is sent while the answers are read, so neither side waits for the other with a full buffer."""
+    blob = bytes(range(256)) * (size // 256 + 1)
+    script = Script(conn)
+    for k in range(5):
+        script.add("INSERT INTO t (k, b) VALUES (%s, %s)", (k, blob[: size + k]))
+    script.add("SELECT k, length(b) FROM t ORDER BY k")
+    script.add("SELECT b FROM t ORDER BY k")  # answers as large as the script: both buffers fill
+    *inserts, lengths, blobs = script.send()
+    assert [r.rowcount for r in inserts] == [1] * 5
+    assert lengths.rows == [(k, size + k) for k in range(5)]
+    assert [bytes(b) for (b,) in blobs.rows] == [blob[: size + k] for k in range(5)]
+
+
 def test_an_error_is_typed_and_skips_the_rest_of_an_implicit_transaction(conn: psycopg.Connection[Any]) -> None:
     script = Script(conn)
     script.add("INSERT INTO t (k) VALUES (%s)", (1,))
