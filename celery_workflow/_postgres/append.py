@@ -199,8 +199,10 @@ class PgAppend:
         self._finish(script, request, plan, known=Known(hooks, bool(kept.waits or plan.waits)))
         try:
             script.send()
-        except (pg_errors.UniqueViolation, pg_errors.ForeignKeyViolation):
-            self.snapshots.forget(request.run_id)  # stale: another writer took the slot, or the run is gone
+        except (pg_errors.UniqueViolation, pg_errors.DivisionByZero):
+            self.snapshots.forget(
+                request.run_id
+            )  # stale: another writer took the slot, or the run is gone (RUN_UPDATE)
             raise StaleSnapshot() from None
         self.snapshots.put(rules.advance(kept, plan))
 
@@ -220,6 +222,16 @@ class PgAppend:
             queue.add_delete_claim(script, request.ack)
         if plan.run_ended:
             script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (end_notice(plan.run),))
+
+
+#: The run's row, written first by every batch (the UPDATE locks it). Without the run (deleted by the retention sweep
+#: after the batch was planned on a kept snapshot) the statement fails with ``division_by_zero``, and with it the
+#: transaction: the tables a batch writes have no foreign key to the run (``0005_append_tables_without_run_keys.sql``),
+#: so this is what keeps a batch from writing rows of a run that is not there.
+RUN_UPDATE = (
+    f"WITH updated AS ({update_sql('celery_workflow_runs', MUTABLE['runs'], ('run_id',))} RETURNING 1)"
+    " SELECT 1 / count(*) FROM updated"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,10 +259,7 @@ def write_plan(
     run = plan.run
     created = created_slots(plan.events)
     values = CODEC.record("runs", run)
-    script.add(
-        update_sql("celery_workflow_runs", MUTABLE["runs"], ("run_id",)),
-        (*(values[c] for c in MUTABLE["runs"]), run.run_id),
-    )
+    script.add(RUN_UPDATE, (*(values[c] for c in MUTABLE["runs"]), run.run_id))
     script.add(
         insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"], rows=len(plan.events)),
         [value for e in plan.events for value in event_row(e, write_id)],

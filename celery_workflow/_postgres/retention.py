@@ -7,10 +7,11 @@ Guarantees (seed "Retention"):
   runs never expire.
 * Runs go in batches of :data:`BATCH`. Each batch is ONE statement: it picks the runs, oldest end first,
   ``FOR UPDATE SKIP LOCKED`` (so every worker sharing the database sweeps at once without waiting on each other, and
-  a run being appended to is skipped until the next sweep), deletes their queued deliveries and then the runs; the
-  rows of a run (events, steps, hooks, the tokens it holds, waits, streams and chunks) go with it through
-  ``ON DELETE CASCADE``. A batch is all or nothing. Sweeps repeat until a batch finds fewer runs than
-  :data:`BATCH`.
+  a run being appended to is skipped until the next sweep), deletes their queued deliveries, their events, steps,
+  hooks, the tokens they hold and their waits (those tables have no foreign key to the run:
+  ``0005_append_tables_without_run_keys.sql``), and then the runs, whose streams and chunks go with them through
+  ``ON DELETE CASCADE``. Nothing is appended to an ended run, so the statement's snapshot sees every row it deletes.
+  A batch is all or nothing. Sweeps repeat until a batch finds fewer runs than :data:`BATCH`.
 * A run that still holds a token whose retention has not ended (a hook's ``token_retention_until``, see
   :mod:`celery_workflow._postgres.append`) is kept until it ends (seed: "A run with a hook whose token retention has
   not ended is kept until it ends"); the sweep after that deletes it, and its token rows with it. The retention's end
@@ -41,8 +42,17 @@ log = logging.getLogger("celery_workflow.postgres.retention")
 #: Runs deleted per statement.
 BATCH = 100
 
+#: The tables of a run's rows without a foreign key to it (``0005_append_tables_without_run_keys.sql``), by their
+#: names after ``celery_workflow_``: the sweep deletes their rows itself.
+RUN_TABLES = ("events", "steps", "hook_tokens", "hooks", "waits")
+
 #: The queue table of :mod:`celery_workflow._postgres.queue` (``0002_queue.sql``): deliveries carry their run's id.
 QUEUE_TABLE = "celery_workflow_queue"
+
+_RUN_ROWS = "".join(
+    f", {table} AS (DELETE FROM celery_workflow_{table} WHERE run_id IN (SELECT run_id FROM doomed))"
+    for table in RUN_TABLES
+)
 
 _SWEEP = f"""
 WITH cutoffs (workflow_name, cutoff) AS (
@@ -61,7 +71,7 @@ WITH cutoffs (workflow_name, cutoff) AS (
 ), deliveries AS (
     -- the queue's run_id has the database's default collation: compare in it, so its run_id index serves
     DELETE FROM {QUEUE_TABLE} WHERE run_id IN (SELECT run_id COLLATE "default" FROM doomed)
-)
+){_RUN_ROWS}
 DELETE FROM celery_workflow_runs WHERE run_id IN (SELECT run_id FROM doomed)
 """
 

@@ -18,9 +18,14 @@ from celery_workflow._postgres import script as _pg
 from celery_workflow.errors import EntityTerminal, RunNotFound, RunTerminal, StaleLog, StepNotFound
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.testing.conformance import WorldConformance
-from celery_workflow.world import AppendResult, NewRun, World
+from celery_workflow.world import AppendResult, Delivery, NewRun, World
 from celery_workflow.world_pg import PostgresWorld
-from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture, pg_world_fixture  # noqa: F401
+from tests.integration.pg_fixtures import (  # noqa: F401
+    pg_admin_fixture,
+    pg_schema_fixture,
+    pg_url_fixture,
+    pg_world_fixture,
+)
 
 
 class Preloading:
@@ -166,6 +171,24 @@ def test_a_run_ended_elsewhere_is_refused_on_fresh_reads(pair: tuple[PostgresWor
     assert a.get_run(run_id).status is RunStatus.CANCELLED
 
 
+def test_a_run_deleted_under_a_kept_snapshot_gets_no_rows(
+    pg_world: PostgresWorld, pg_admin: Any, pg_schema: str
+) -> None:
+    """The tables an append writes have no foreign key to the run: the run's guarded UPDATE is what refuses a batch
+    planned on a kept snapshot of a run deleted since (as the retention sweep does), before any of its rows lands."""
+    run_id = started_run(pg_world)
+    pg_world.get_run_with_events(run_id)  # the kept snapshot
+    for table in ("events", "steps", "runs"):
+        pg_admin.execute(f'DELETE FROM "{pg_schema}".celery_workflow_{table} WHERE run_id = %s', (run_id,))
+    with pytest.raises(RunNotFound):
+        pg_world.append(run_id, [created("s1"), started("s1")], deliveries=[Delivery("q", b"x", run_id=run_id)])
+    for table in ("events", "steps", "queue"):
+        row = pg_admin.execute(
+            f'SELECT count(*) FROM "{pg_schema}".celery_workflow_{table} WHERE run_id = %s', (run_id,)
+        )
+        assert row.fetchone() == (0,), table
+
+
 def test_a_kept_append_is_one_implicit_transaction_with_only_the_writes_the_run_needs(
     pg_world: PostgresWorld, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -186,8 +209,7 @@ def test_a_kept_append_is_one_implicit_transaction_with_only_the_writes_the_run_
     # no BEGIN/COMMIT (the pipeline's end commits), the run's UPDATE locks it first, the events' key checks the plan
     assert lazy == [
         "SELECT set_config('synchronous_commit', %s, true)",
-        "UPDATE celery_workflow_runs SET status = %s, output = %s, error = %s, event_count = %s, updated_at = %s,"
-        " started_at = %s, completed_at = %s WHERE run_id = %s",
+        "WITH updated AS",
         "INSERT INTO celery_workflow_events",
         "INSERT INTO celery_workflow_steps",
     ]
