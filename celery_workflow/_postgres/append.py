@@ -200,9 +200,8 @@ class PgAppend:
         try:
             script.send()
         except (pg_errors.UniqueViolation, pg_errors.DivisionByZero):
-            self.snapshots.forget(
-                request.run_id
-            )  # stale: another writer took the slot, or the run is gone (RUN_UPDATE)
+            # stale: another writer took the slot, or the run is gone (RUN_UPDATE)
+            self.snapshots.forget(request.run_id)
             raise StaleSnapshot() from None
         self.snapshots.put(rules.advance(kept, plan))
 

@@ -187,8 +187,8 @@ class DirectJobs:
                 if not select.select([], [writer.fileno()], [], 0)[1]:
                     return False  # less than PIPE_BUF bytes of room: the handler thread waits for it instead
                 writer.send_bytes(payload)
-            except (OSError, ValueError):  # the pool is going away with its pipe
-                log.debug("could not put a job on the pool's pipe", exc_info=True)
+            except (OSError, ValueError):  # the pool is going away with its pipe: dropped, as billiard's handler
+                log.debug("could not put a job on the pool's pipe", exc_info=True)  # does (its lease runs out)
             return True
 
     def __getattr__(self, name: str) -> Any:  # get, qsize … for the handler thread that reads the queue
