@@ -49,7 +49,6 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Mapping, Sequence
 from datetime import timedelta
-from functools import lru_cache
 from typing import Any
 
 from celery_workflow import dead_letters as dead_letters_
@@ -71,11 +70,6 @@ from celery_workflow.ids import to_utc
 from celery_workflow.world import ClaimedDelivery, Delivery
 
 __all__ = ["PostgresQueue", "parse_receipt"]
-
-
-@lru_cache(maxsize=64)
-def _insert_sql(scope: str, alone: bool, when: str) -> str:
-    return stmt.insert(scope, alone=alone, when=when)
 
 
 class PostgresQueue(BrokerState):
@@ -105,7 +99,7 @@ class PostgresQueue(BrokerState):
         extra = {} if when is None else dict(when[1])
         return [
             script.add(
-                _insert_sql(stmt.dedup_scope(d.run_id, d.idempotency_key), alone, condition),
+                stmt.insert(stmt.dedup_scope(d.run_id, d.idempotency_key), alone=alone, when=condition),
                 self._params(
                     queue=d.queue,
                     payload=bytes(d.payload),
@@ -303,7 +297,7 @@ class PostgresQueue(BrokerState):
         """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated."""
         rows = self._rows(
             "put",
-            _insert_sql(stmt.dedup_scope(run_id, idempotency_key), True, "true"),
+            stmt.insert(stmt.dedup_scope(run_id, idempotency_key), alone=True),
             commit_mode="disk",
             queue=queue,
             payload=bytes(payload),

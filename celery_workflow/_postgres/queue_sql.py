@@ -7,6 +7,8 @@ Every statement takes ``%(now)s``: NULL for the database server's clock, or a te
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from celery_workflow._backend.broker import (
     BROKER_BINDINGS,
     BROKER_CONSUMERS,
@@ -86,9 +88,10 @@ SELECT {NOTIFY} FROM ins
 INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {NOTIFY_ROW} FROM ins")
 
 
+@lru_cache(maxsize=64)
 def insert(scope: str, *, alone: bool, when: str = "true") -> str:
     """The insert of one delivery (see INSERT_WHEN): announced with its row id when ``alone``, stored only under the
-    SQL condition ``when``, deduplicated in ``scope`` (see :func:`dedup_scope`)."""
+    SQL condition ``when``, deduplicated in ``scope`` (see :func:`dedup_scope`); built once per combination."""
     template = INSERT_WHEN_ALONE if alone else INSERT_WHEN
     return template.replace("{when}", when).replace("{conflict}", ON_CONFLICT[scope])
 

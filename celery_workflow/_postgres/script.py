@@ -188,7 +188,7 @@ class _Prepared:
             query, names = _convert(sql)
             values = _values(params, names)
             dumped = dump(values, [PyFormat.AUTO] * len(values))
-            size += sum(len(v) for v in dumped if v is not None)
+            size += sum(map(len, filter(None, dumped)))
             types = tuple(self.transformer.types or ())
             key = (query, types)
             name = self.names.get(key)
