@@ -16,6 +16,7 @@ from kombu import Connection, Consumer, Producer, Queue
 
 from celery_workflow._postgres.queue import PostgresQueue  # the type of PostgresWorld.store
 from celery_workflow.errors import WorldError
+from celery_workflow.testing._conformance import eventually
 from celery_workflow.transport.postgres import Transport, close_store, conninfo, mask_password
 from celery_workflow.world import Delivery
 from celery_workflow.world_pg import PostgresWorld
@@ -312,8 +313,11 @@ def test_an_idle_consumer_claims_the_announced_row_by_its_key_and_a_backlog_olde
         drain(conn, lambda: len(got) == 1)
         assert claims == ["notified"]
         # two messages while it has no room: the next claim goes through the queue, oldest first
+        heard = store.mark("keyed")
         producer.publish({"n": 2}, routing_key="keyed")
         producer.publish({"n": 3}, routing_key="keyed")
+        # once its listener has heard both (it reads them in its own thread, a moment after their commits)
+        eventually(lambda: store.mark("keyed") >= (heard[0], heard[1] + 2) or None)
         claims.clear()
         got[0][1].ack()
         drain(conn, lambda: len(got) == 2)
