@@ -506,6 +506,10 @@ def _claim(task: Any) -> Claim | None:
     return Claim.from_delivery_info(properties.get("delivery_info"))
 
 
+#: The longest string argument a message's ``argsrepr`` shows with ``repr`` (Celery's saferepr cuts at 1024).
+_PLAIN_REPR = 512
+
+
 def build_message(
     celery_app: Any,
     task_name: str,
@@ -526,14 +530,18 @@ def build_message(
     the due time. ``headers``: more message headers (a Celery worker shows them to the task as ``task.request``
     attributes).
     """
+    args, kwargs = list(args), dict(kwargs)
     msg = celery_app.amqp.as_task_v2(
         task_id,
         task_name,
-        list(args),
-        dict(kwargs),
+        args,
+        kwargs,
         ignore_result=True,
         origin="celery_workflow",
         root_id=task_id,
+        # what Celery's saferepr would show for ids (short strings), without its cost; anything else goes to it
+        argsrepr=repr(args) if all(isinstance(a, str) and len(a) <= _PLAIN_REPR for a in args) else None,
+        kwargsrepr="{}" if not kwargs else None,
     )
     content_type, content_encoding, body = serialization.dumps(msg.body, serializer="json")  # type: ignore[no-untyped-call]
     if isinstance(body, str):

@@ -200,7 +200,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             if found is None:  # pragma: no cover - the row was inserted or existed in this transaction
                 raise WorldError(f"run {run.run_id} kept appearing and disappearing")
             if bool(found[-1]):
-                return CODEC.run(found[:-1]), True
+                return view, True  # what this call stored (no need to decode it back)
             return template.existing_run(CODEC.run(found[:-1]), run)
 
         stored, created = self.db.run(tx, what="create_run", transaction=False)
