@@ -203,7 +203,10 @@ class PgAppend:
             # stale: another writer took the slot, or the run is gone (RUN_UPDATE)
             self.snapshots.forget(request.run_id)
             raise StaleSnapshot() from None
-        self.snapshots.put(rules.advance(kept, plan))
+        if plan.run_ended:  # nothing more is planned for it: a late append (a cancel) reads afresh
+            self.snapshots.forget(request.run_id)
+        else:
+            self.snapshots.put(rules.advance(kept, plan))
 
     def _finish(
         self,
@@ -214,13 +217,13 @@ class PgAppend:
         known: Known | None = None,
     ) -> None:
         """Queue the plan's writes, the deliveries, the ack and the run-end notification."""
-        write_plan(script, plan, request.write_id, stale_tokens, known)
+        record = write_plan(script, plan, request.write_id, stale_tokens, known)
         queue = self.world.store
         queue.add_inserts(script, request.deliveries)
         if request.ack is not None:
             queue.add_delete_claim(script, request.ack)
         if plan.run_ended:
-            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (end_notice(plan.run),))
+            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (end_notice(plan.run, record),))
 
 
 #: The run's row, written first by every batch (the UPDATE locks it). Without the run (deleted by the retention sweep
@@ -248,17 +251,18 @@ def write_plan(
     write_id: str,
     stale_tokens: frozenset[str] = frozenset(),
     known: Known | None = None,
-) -> None:
+) -> dict[str, Any] | None:
     """Queue the writes of ``plan`` on ``script``: the run's row first (its UPDATE locks it, if nothing did
     before), the events (their primary key refuses a slot someone else took), then the views, hook and token rows
     and the run-end cleanup (only of what the run has, when ``known`` says). ``stale_tokens``: tokens the batch
-    claims whose rows (locked by :class:`LockedReads`) outlived their retention; they are deleted before the claim."""
+    claims whose rows (locked by :class:`LockedReads`) outlived their retention; they are deleted before the claim.
+    Returns the run's record as written (None: nothing is)."""
     if not plan.events:
-        return  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
+        return None  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
     run = plan.run
     created = created_slots(plan.events)
-    values = CODEC.record("runs", run)
-    script.add(RUN_UPDATE, (*(values[c] for c in MUTABLE["runs"]), run.run_id))
+    run_record = CODEC.record("runs", run)
+    script.add(RUN_UPDATE, (*(run_record[c] for c in MUTABLE["runs"]), run.run_id))
     script.add(
         insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"], rows=len(plan.events)),
         [value for e in plan.events for value in event_row(e, write_id)],
@@ -316,6 +320,7 @@ def write_plan(
             " VALUES (%s, %s, %s, %s, %s)",
             (hook.token, hook.run_id, hook_id, hook.created_at, None if until is None else ids.parse_iso(str(until))),
         )
+    return run_record
 
 
 class LockedReads:

@@ -87,10 +87,12 @@ def update_sql(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
 END_NOTICE_LIMIT = 1024
 
 
-def end_notice(view: Any) -> str:
+def end_notice(view: Any, record: dict[str, Any] | None = None) -> str:
     """The payload of a run's end NOTIFY: the run id, then (when it fits :data:`END_NOTICE_LIMIT`) a line with the
-    run's stored record, so that a waiter need not read the run (:func:`ended_run`)."""
-    record = CODEC.record("runs", view)
+    run's stored record (``record``, when the caller has it already), so that a waiter need not read the run
+    (:func:`ended_run`)."""
+    if record is None:
+        record = CODEC.record("runs", view)
     line = json.dumps({column: _tagged(value) for column, value in record.items()}, separators=(",", ":"))
     notice = f"{view.run_id}\n{line}"
     return notice if len(notice.encode()) <= END_NOTICE_LIMIT else str(view.run_id)
