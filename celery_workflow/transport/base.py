@@ -87,6 +87,10 @@ _VirtualTransport: Any = _virtual.Transport
 
 
 MIN_WAIT = 0.001
+#: The longest pause between polls while a message the store says is due cannot be claimed (another transaction
+#: holds its row: a duplicate joining it, until that commits). The pause doubles from ``MIN_WAIT`` up to this, so a
+#: held row costs a few polls instead of one every millisecond, and is taken at most this long after it is free.
+HELD_BACKOFF_MAX = 0.25
 #: How often a blocked ``drain_events`` looks whether the Celery worker around it was asked to stop.
 STOP_CHECK = 0.2
 
@@ -193,6 +197,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         self._last_poll = -math.inf
         self._dirty = True
         self._due: dict[str, float] = {}
+        self._held_backoff = 0.0  # the pause before polling again a queue whose due message could not be claimed
         self._token: Any = None  # the change token taken just before the last poll
         self._world: Any = None  # see world()
 
@@ -239,7 +244,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
             wait = self.polling_interval - (monotonic() - self._last_poll) if queues else self.polling_interval
             if timeout is not None:
                 wait = min(wait, timeout - elapsed)
-            wait = min(wait, self._next_due(queues) - time.time(), self._until_maintenance())
+            wait = min(wait, max(self._next_due(queues) - time.time(), self._held_backoff), self._until_maintenance())
             # changes since the last poll (even those before this call) end the wait at once
             token = self._token if self._token is not None else self.change_token(queues)
             if self.consumable_queues() != queues:
@@ -266,6 +271,10 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}.intersection(queues)
         claims = self._claim(queues, no_ack)
         self._polled, self._last_poll, self._dirty = set(queues), monotonic(), False
+        if claims or self._next_due(queues) > time.time():
+            self._held_backoff = 0.0
+        else:  # a message is due but none could be claimed: its row is held by another transaction
+            self._held_backoff = min(max(2 * self._held_backoff, MIN_WAIT), HELD_BACKOFF_MAX, self.polling_interval)
         delivered = decode_claims(
             self.store, claims, no_ack, cap=self.backoff_cap, limit_of=self.delivery_limit, dead=self.dead_lettered
         )

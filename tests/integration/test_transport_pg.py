@@ -189,6 +189,39 @@ def test_a_waiting_consumer_asks_the_store_only_when_something_may_have_changed(
     assert len(polls) - idle <= 4  # the publish (nothing due), the due time, maybe a spurious wake-up
 
 
+def test_a_due_row_locked_by_another_transaction_is_polled_with_backoff_not_spun_on(
+    connect: Callable[..., Connection], url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A due row that another transaction holds (a duplicate joining it, until its commit) is skipped by claims; the
+    consumer backs off between polls instead of asking every millisecond, and takes the row soon after the lock goes
+    (no notification says so), long before the polling interval."""
+    conn = connect(**SLOW_POLLING)
+    polls: list[float] = []
+    original = conn.transport.pg_queue.poll
+
+    def counting(queues: Any, **kwargs: Any) -> Any:
+        polls.append(time.monotonic())
+        return original(queues, **kwargs)
+
+    monkeypatch.setattr(conn.transport.pg_queue, "poll", counting)
+    got: list[Any] = []
+    Producer(connect().channel()).publish({"n": 1}, routing_key="held")
+    with (
+        psycopg.connect(url) as locker,
+        Consumer(conn.channel(), [Queue("held")], callbacks=[collector(got)], accept=["json"]),
+    ):
+        locker.execute("SELECT id FROM celery_workflow_queue WHERE queue = 'held' FOR UPDATE")
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=1.0)
+        assert not got
+        assert len(polls) <= 20  # polled 1 ms apart, this was about 700
+        locker.commit()
+        released = time.monotonic()
+        drain(conn, lambda: bool(got), timeout=10)
+        assert time.monotonic() - released < 2  # the polling interval is 30 s
+    assert [b for b, _ in got] == [{"n": 1}]
+
+
 def test_an_ack_that_frees_prefetch_room_wakes_the_consumer(connect: Callable[..., Connection]) -> None:
     """E.g. Celery's result handler thread acks while the consuming thread waits: no polling interval is lost."""
     conn = connect(**SLOW_POLLING)
