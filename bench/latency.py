@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -61,6 +62,7 @@ class System:
     worker_pid: int
     server: str  # the command name of the data store's processes
     latencies: list[float] = field(default_factory=list)
+    block_p50s: list[float] = field(default_factory=list)  # the median of each block, in seconds
     cpu: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PARTS, 0))
 
     def sample(self) -> dict[str, int]:
@@ -76,11 +78,14 @@ class System:
         for _ in range(warmup):
             self.call()
         before = self.sample()
+        block = []
         for _ in range(runs):
             t0 = time.perf_counter()
             self.call()
-            self.latencies.append(time.perf_counter() - t0)
+            block.append(time.perf_counter() - t0)
         after = self.sample()
+        self.latencies += block
+        self.block_p50s.append(statistics.median(block))
         for part in PARTS:
             self.cpu[part] += after[part] - before[part]
 
@@ -112,6 +117,14 @@ def report(systems: list[System]) -> str:
         f"- CPU per run, all parts: {sum(cw.cpu.values()) / len(cw.latencies) / 1e6:.2f} ms against"
         f" {sum(celery.cpu.values()) / len(celery.latencies) / 1e6:.2f} ms",
     ]
+    ratios = sorted(a / b for a, b in zip(cw.block_p50s, celery.block_p50s, strict=True))
+    if len(ratios) >= 4:  # how steady the ratio is: each round's two blocks ran back to back on the same machine
+        quarter = len(ratios) // 4
+        lines.append(
+            f"- per round (p50 of its block against the other's): median {statistics.median(ratios):.2f}x, middle half"
+            f" {ratios[quarter]:.2f}-{ratios[-quarter - 1]:.2f}x, all {ratios[0]:.2f}-{ratios[-1]:.2f}x"
+            f" ({len(ratios)} rounds)"
+        )
     return "\n".join(lines)
 
 
@@ -156,6 +169,7 @@ def main(argv: list[str]) -> int:
             for s in systems:
                 s.block(20, warmup=0)  # both workers up and warm
                 s.latencies.clear()
+                s.block_p50s.clear()
                 s.cpu = dict.fromkeys(PARTS, 0)
             for _ in range(args.rounds):
                 for s in systems:
