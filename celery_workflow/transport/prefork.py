@@ -150,6 +150,18 @@ class GuardedQueue(SimpleQueue):  # type: ignore[misc]
                 pass
 
 
+class _Pickled(tuple):  # type: ignore[type-arg]
+    """A job (billiard's task tuple, which its task handler slices on errors) with the pickle :class:`DirectJobs`
+    made of it."""
+
+    payload: bytes
+
+    def __new__(cls, job: Any, payload: bytes) -> _Pickled:
+        self = super().__new__(cls, job)
+        self.payload = payload
+        return self
+
+
 class DirectJobs:
     """Where the blocking pool's ``apply_async`` puts a job: written to the children's pipe at once by the thread that
     submits it (the worker's consumer), instead of handed to billiard's task handler thread, which wrote it a thread
@@ -166,30 +178,39 @@ class DirectJobs:
         self._lock = threading.Lock()
 
     def send(self, obj: Any) -> None:
-        """Write ``obj`` to the pipe (blocking while it is full): the task handler's way."""
+        """Write ``obj`` to the pipe (blocking while it is full): the task handler's way. A job :meth:`put` pickled
+        already is written as it was pickled."""
         with self._lock:
-            self._pool._inqueue._writer.send(obj)
+            if isinstance(obj, _Pickled):
+                self._pool._inqueue._writer.send_bytes(obj.payload)
+            else:
+                self._pool._inqueue._writer.send(obj)
 
     def put(self, item: Any, *args: Any, **kwargs: Any) -> None:
-        if item is not None and item[1] is None and len(item[0]) == 1 and self._send_now(item[0][0]):
-            return
+        if item is not None and item[1] is None and len(item[0]) == 1:
+            job = self._send_now(item[0][0])
+            if job is None:
+                return
+            item = ([job], None)
         self._handler_queue.put(item, *args, **kwargs)
 
-    def _send_now(self, job: Any) -> bool:
+    def _send_now(self, job: Any) -> Any:
+        """Write ``job`` now if that cannot block and return None; else return what the handler thread should write
+        (the job, with its pickle when it was made: a large job is not pickled twice)."""
         if self._pool._state != billiard_pool.RUN:
-            return False
+            return job
         payload = ForkingPickler.dumps(job)
         if len(payload) + _LENGTH_PREFIX > select.PIPE_BUF:
-            return False
+            return _Pickled(job, payload)
         writer = self._pool._inqueue._writer
         with self._lock:
             try:
                 if not select.select([], [writer.fileno()], [], 0)[1]:
-                    return False  # less than PIPE_BUF bytes of room: the handler thread waits for it instead
+                    return _Pickled(job, payload)  # less than PIPE_BUF bytes of room: the handler thread waits
                 writer.send_bytes(payload)
             except (OSError, ValueError):  # the pool is going away with its pipe: dropped, as billiard's handler
                 log.debug("could not put a job on the pool's pipe", exc_info=True)  # does (its lease runs out)
-            return True
+            return None
 
     def __getattr__(self, name: str) -> Any:  # get, qsize … for the handler thread that reads the queue
         return getattr(self._handler_queue, name)

@@ -7,6 +7,7 @@ import fcntl
 import os
 import queue
 import select
+import threading
 from typing import Any
 
 import pytest
@@ -68,6 +69,26 @@ def test_what_could_block_goes_to_the_handler_thread(pool: Pool) -> None:
     small = ("TASK", (3, None, len, ("abc",), {}))
     jobs.put(([small], None))  # returns at once
     assert handler.get_nowait() == ([small], None)
+
+
+def test_a_large_job_is_pickled_once(pool: Pool, monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs, handler = jobs_of(pool)
+    large = ("TASK", (7, None, len, ("x" * (4 * select.PIPE_BUF),), {}))
+    jobs.put(([large], None))
+    (queued,), length = handler.get_nowait()
+    assert (queued, length) == (large, None) and queued[:2] == large[:2]  # what billiard's handler reads of it
+
+    def pickled_again(obj: Any) -> None:
+        raise AssertionError("the job was pickled a second time")
+
+    monkeypatch.setattr(pool._inqueue._writer, "send", pickled_again)
+    reader = pool._inqueue._reader
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(reader.recv()))  # the pipe holds less than the job
+    thread.start()
+    jobs.send(queued)  # the handler thread's write
+    thread.join(timeout=10)
+    assert got == [large]
 
 
 def test_sentinels_batches_and_a_closing_pool_go_to_the_handler_thread(pool: Pool) -> None:
