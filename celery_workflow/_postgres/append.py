@@ -203,10 +203,7 @@ class PgAppend:
             # stale: another writer took the slot, or the run is gone (RUN_UPDATE)
             self.snapshots.forget(request.run_id)
             raise StaleSnapshot() from None
-        if plan.run_ended:  # nothing more is planned for it: a late append (a cancel) reads afresh
-            self.snapshots.forget(request.run_id)
-        else:
-            self.snapshots.put(rules.advance(kept, plan))
+        self.snapshots.advance(kept, plan)
 
     def _finish(
         self,
@@ -416,6 +413,13 @@ class SnapshotCache:
             self._runs.pop(run.run_id)
         else:
             self._runs.put(run.run_id, snapshot)
+
+    def advance(self, kept: rules.Snapshot, plan: rules.Plan) -> None:
+        """Keep the snapshot ``plan`` leads to from ``kept`` (not computed when the plan ends the run)."""
+        if plan.run.status.terminal:
+            self._runs.pop(plan.run.run_id)
+        else:
+            self.put(rules.advance(kept, plan))
 
     def forget(self, run_id: str) -> None:
         self._runs.pop(run_id)
