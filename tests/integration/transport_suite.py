@@ -297,14 +297,15 @@ class TransportSuite:
         assert store.size("held") == 0
 
     def test_leases_are_extended_while_held(self, connect: Callable[..., Connection], store: Any) -> None:
-        holder = connect(lease_seconds=0.4)
+        # leases of 1 s, extended every 0.25 s: 0.4 s ones lost the race to a keeper thread starved under a loaded CI
+        holder = connect(lease_seconds=1.0)
         got: list[Any] = []
         queue = Queue("slow", Exchange("slow"), routing_key="slow")
         with Consumer(holder.channel(), [queue], callbacks=[collector(got, ack=False)], accept=["json"]):
             Producer(holder.channel()).publish({"n": 1}, exchange="slow", routing_key="slow", serializer="json")
             drain(holder, lambda: bool(got))
             thief = connect().channel()
-            deadline = time.monotonic() + 1.5  # almost four leases
+            deadline = time.monotonic() + 3.5  # almost four leases
             while time.monotonic() < deadline:
                 with pytest.raises(TimeoutError):
                     holder.drain_events(timeout=0.1)
