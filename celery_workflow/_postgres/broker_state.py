@@ -231,6 +231,7 @@ class BrokerState(QueueBase):
                 f" AND (lease_until IS NULL OR lease_until <= {stmt.NOW})",
                 params,
             ).rowcount
+            conn.execute(stmt.DEAD_STANDING)  # standing claims of processes that are gone
             return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}
 
         return self.db.run(go, what="queue: collect garbage")

@@ -15,6 +15,7 @@ clients and workers, hearing everything grows with the whole deployment's traffi
 from __future__ import annotations
 
 import logging
+import random
 import select
 import socket
 import threading
@@ -26,6 +27,7 @@ import psycopg
 from celery_workflow._backend.recent import Recent
 
 __all__ = [
+    "ALIVE_LOCK",
     "CHANNEL_QUEUE",
     "CHANNEL_RUNS",
     "CHANNEL_STREAMS",
@@ -44,6 +46,12 @@ CHANNEL_STREAMS = "celery_workflow_streams"
 #: schemas of one database never hear each other. Senders compute it in SQL, the listener once per connection.
 SCHEMA_TAG = "left(md5(coalesce(current_schema(), '')), 12)"
 
+#: Class id of the session-level advisory lock each listener connection holds while it is connected (the object id is
+#: :attr:`Listener.lock_key`): another session sees that the process is alive by failing to take a shared lock on
+#: it, and that it is gone (killed, or its connection lost) by taking one. Standing claims of the transport's idle
+#: consumers rely on it (:mod:`celery_workflow._postgres.standing`).
+ALIVE_LOCK = 0x63777363  # "cwsc"
+
 _MAX_KEYS = 10_000
 _MAX_CARRIED = 1_024
 
@@ -56,9 +64,10 @@ def notify_sql(channel: str, payload: str = "%s") -> str:
 class Listener:
     """One ``LISTEN`` connection and a thread that counts notifications per (channel, key).
 
-    A payload's first line is its key (a queue name, a run id, a stream's key); what follows it, if anything, is
-    kept as the last thing carried for that key (:meth:`carried`; a run's end carries the run's record), for the
-    :data:`_MAX_CARRIED` keys heard last.
+    A payload's first line is its key (a queue name, a run id, a stream's key, a standing claim's token); what follows
+    it, if anything, is kept as the last thing carried for that key (:meth:`carried`; a run's end carries the run's
+    record, a hand-off its message), for the :data:`_MAX_CARRIED` keys heard last among those this process marked:
+    what is carried for keys nobody here waits on (other consumers' hand-offs) is not kept.
 
     A channel is listened on from its first :meth:`mark` on (that call waits until the server listens on it, so a
     notification sent after the mark returned is heard).
@@ -75,10 +84,12 @@ class Listener:
         self._listening: frozenset[str] = frozenset()  # on the current connection
         self._generations: dict[tuple[str, str | None], int] = {}
         self._carried: Recent[tuple[str, str], str] = Recent(_MAX_CARRIED)
+        self._interest: Recent[tuple[str, str], bool] = Recent(_MAX_KEYS)  # keys marked here (see _record)
         self._epoch = 0  # bumped on (re)connect: every waiter re-checks
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._lock_key: int | None = None
         self._wake_r, self._wake_w = socket.socketpair()  # a new channel wanted: the thread listens on it at once
         self._wake_r.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name="celery_workflow-listener", daemon=True)
@@ -90,6 +101,11 @@ class Listener:
         """The channels the connection listens on now."""
         return self._listening
 
+    @property
+    def lock_key(self) -> int | None:
+        """The object id of the :data:`ALIVE_LOCK` this process's connection holds now (None: not connected)."""
+        return self._lock_key
+
     def listens(self, channel: str) -> bool:
         """Whether a notification on ``channel`` sent now would be heard."""
         return channel in self._listening
@@ -98,6 +114,8 @@ class Listener:
         """A mark to pass to :meth:`wait`; take it *before* checking the database."""
         if channel not in self._listening:
             self._subscribe(channel)
+        if key is not None:
+            self._interest.put((channel, key), True)
         with self._cond:
             return self._epoch, self._generations.get((channel, key), 0)
 
@@ -169,6 +187,7 @@ class Listener:
                 with psycopg.connect(self.conninfo, autocommit=True) as conn:
                     row = conn.execute(f"SELECT {SCHEMA_TAG}").fetchone()
                     self.tag = str(row[0]) if row else ""
+                    self._lock_key = self._take_lock(conn)
                     with self._cond:
                         self._conn = conn
                     self._listen(conn, reconnected=True)
@@ -194,10 +213,20 @@ class Listener:
             finally:
                 self._forget_connection()
 
+    @staticmethod
+    def _take_lock(conn: psycopg.Connection[Any]) -> int:
+        """Take an :data:`ALIVE_LOCK` of a random object id nobody holds, for the connection's lifetime."""
+        while True:
+            key = random.getrandbits(31)
+            row = conn.execute("SELECT pg_try_advisory_lock(%s::integer, %s::integer)", (ALIVE_LOCK, key)).fetchone()
+            if row and row[0]:
+                return key
+
     def _forget_connection(self, *, lost: bool = False) -> None:
         """No connection listens any more (waiters of a new channel stop waiting for it); ``lost``: it broke, so
         every waiter checks again (notifications may have been lost)."""
         with self._cond:
+            self._lock_key = None
             self._conn = None
             self._listening = frozenset()
             if lost:
@@ -234,7 +263,7 @@ class Listener:
             key, _, carried = payload.partition("\n")
             for counted in ((channel, None), (channel, key)):
                 self._generations[counted] = self._generations.get(counted, 0) + 1
-            if carried:
+            if carried and self._interest.get((channel, key)):
                 self._carried.put((channel, key), carried)
             else:
                 self._carried.pop((channel, key))  # the last notification of the key carried nothing

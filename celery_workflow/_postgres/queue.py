@@ -64,6 +64,7 @@ from celery_workflow._postgres.broker_state import BrokerState
 from celery_workflow._postgres.listener import CHANNEL_QUEUE
 from celery_workflow._postgres.queue_base import Conn, at, utc
 from celery_workflow._postgres.script import Script
+from celery_workflow._postgres.standing import Registration, can_hand_off
 from celery_workflow.dead_letters import DeadLetter, cut_error
 from celery_workflow.errors import DeadLetterNotFound
 from celery_workflow.ids import to_utc
@@ -89,23 +90,33 @@ class PostgresQueue(BrokerState):
         return [len(results[i].rows) == 1 for i in slots]
 
     def add_inserts(
-        self, script: Script, deliveries: Sequence[Delivery], *, when: tuple[str, Mapping[str, Any]] | None = None
+        self,
+        script: Script,
+        deliveries: Sequence[Delivery],
+        *,
+        when: tuple[str, Mapping[str, Any]] | None = None,
+        hand_off: bool = False,
     ) -> list[int]:
         """Queue the inserts of ``deliveries`` (with their NOTIFY) on a caller's :class:`Script`; the indexes of
         their results (one row each when stored, none when deduplicated). ``when``: an SQL condition (with its own
-        ``%(name)s`` parameters) a delivery is stored under, evaluated by the statement."""
+        ``%(name)s`` parameters) a delivery is stored under, evaluated by the statement. ``hand_off``: one delivery
+        alone, due now, may be handed to an idle consumer's standing claim (:mod:`.standing`), its idempotency key
+        dropped: only for a delivery that cannot have a pending duplicate (the first of a new run)."""
         alone = len(deliveries) == 1  # then announced with its row id (see queue_sql.NOTIFY_ROW)
         condition = "true" if when is None else when[0]
         extra = {} if when is None else dict(when[1])
         return [
             script.add(
-                stmt.insert(stmt.dedup_scope(d.run_id, d.idempotency_key), alone=alone, when=condition),
+                stmt.insert(
+                    stmt.dedup_scope(d.run_id, d.idempotency_key), alone=alone, when=condition, handoff=hand_off
+                ),
                 self._params(
                     queue=d.queue,
                     payload=bytes(d.payload),
                     run_id=d.run_id,
                     key=d.idempotency_key,
                     due=None if d.not_before is None else to_utc(d.not_before),
+                    handoff=hand_off and can_hand_off(d.payload, d.queue, d.run_id),
                     **extra,
                 ),
             )
@@ -140,16 +151,18 @@ class PostgresQueue(BrokerState):
         """Claim up to ``limit`` due rows of ``queues``, oldest due first, hidden for ``lease`` seconds."""
         return self.receive(queues, limit=limit, lease=lease)
 
-    def ack(self, receipt: str) -> None:
-        """Delete the claimed row; no-op when the receipt is stale."""
+    def ack(self, receipt: str, *, register: Registration | None = None, lease: float = 60.0) -> None:
+        """Delete the claimed row; no-op when the receipt is stale. ``register``: and make that standing claim (with
+        ``lease``), in the same round trip (see :mod:`.standing`)."""
         row_id, attempts = parse_receipt(receipt)
-        self._rowcount(
-            "ack",
-            f"DELETE FROM {stmt.Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL",
-            commit_mode="lazy",
-            id=row_id,
-            attempts=attempts,
-        )
+        delete = f"DELETE FROM {stmt.Q} WHERE id = %(id)s AND attempts = %(attempts)s AND lease_until IS NOT NULL"
+        if register is None:
+            self._rowcount("ack", delete, commit_mode="lazy", id=row_id, attempts=attempts)
+            return
+        self._rows(
+            "ack", stmt.REGISTER_ALONE, commit_mode="lazy", before=(delete,), id=row_id, attempts=attempts,
+            lease=timedelta(seconds=lease), **register.params(),
+        )  # fmt: skip
 
     def delete_claim(self, conn: Conn, receipt: str) -> None:
         """Delete the claimed row in the caller's open transaction; no-op when the receipt is stale.
@@ -294,16 +307,21 @@ class PostgresQueue(BrokerState):
         run_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> bool:
-        """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated."""
+        """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated.
+
+        A message due now without an idempotency key is handed to an idle consumer's standing claim when there is
+        one (:mod:`.standing`)."""
+        payload = bytes(payload)
         rows = self._rows(
             "put",
-            stmt.insert(stmt.dedup_scope(run_id, idempotency_key), alone=True),
+            stmt.insert(stmt.dedup_scope(run_id, idempotency_key), alone=True, handoff=True),
             commit_mode="disk",
             queue=queue,
-            payload=bytes(payload),
+            payload=payload,
             run_id=run_id,
             key=idempotency_key,
             due=at(not_before),
+            handoff=idempotency_key is None and can_hand_off(payload, queue, run_id),
         )
         return len(rows) == 1
 
@@ -342,9 +360,19 @@ class PostgresQueue(BrokerState):
         return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     def poll(
-        self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
+        self,
+        queues: Sequence[str],
+        *,
+        no_ack: Collection[str] = (),
+        limit: int = 1,
+        lease: float = 60.0,
+        withdraw: str | None = None,
+        register: Registration | None = None,
     ) -> tuple[list[ClaimedDelivery], dict[str, float]]:
-        """:meth:`receive`, then :meth:`due_times` of ``queues`` (what the claim left), in one statement."""
+        """:meth:`receive`, then :meth:`due_times` of ``queues`` (what the claim left), in one statement.
+
+        Standing claims (:mod:`.standing`), in the same round trip: ``withdraw`` (a token) first ends that claim,
+        releasing a message handed to it; ``register``, when the poll claims nothing, makes that claim."""
         if not queues or limit <= 0:
             return [], {}
         names = list(dict.fromkeys(queues))
@@ -354,21 +382,43 @@ class PostgresQueue(BrokerState):
             "limit": limit,
             "lease": timedelta(seconds=lease),
         }
-
-        rows = self._rows("claim", stmt.POLL, commit_mode="lazy", **claim)
+        sql = stmt.POLL
+        if register is not None:
+            sql = stmt.POLL_REGISTER
+            claim.update(register.params())
+        if withdraw is not None:
+            if register is not None and register.token != withdraw:
+                raise ValueError("a poll withdraws and registers the standing claim of one consumer")
+            claim["token"] = withdraw
+        before = () if withdraw is None else (stmt.WITHDRAW, stmt.RELEASE_HANDED)
+        rows = self._rows("claim", sql, commit_mode="lazy", before=before, **claim)
         now = self._local_now()
         taken = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
         claims = [claimed(r[0], r[1], r[2], r[3], r[4]) for r in taken]
         return claims, {str(r[1]): now + float(r[6]) for r in rows if r[0] is None}
 
-    def claim_notified(self, queue: str, row_id: int, *, lease: float = 60.0) -> list[ClaimedDelivery]:
+    def claim_notified(
+        self, queue: str, row_id: int, *, lease: float = 60.0, withdraw: str | None = None
+    ) -> list[ClaimedDelivery]:
         """Lease the row a notification of ``queue`` announced (see ``NOTIFY_ROW``), if it is still claimable and no
         other claim has it: one index lookup by key, where :meth:`poll` looks through every queue. The caller knows
-        it is the queue's only claimable row (else it must :meth:`poll`, which claims the oldest first)."""
+        it is the queue's only claimable row (else it must :meth:`poll`, which claims the oldest first).
+        ``withdraw``: as in :meth:`poll`."""
         rows = self._rows(
-            "claim", stmt.CLAIM_NOTIFIED, commit_mode="lazy", id=row_id, queue=queue, lease=timedelta(seconds=lease)
-        )
+            "claim", stmt.CLAIM_NOTIFIED, commit_mode="lazy", id=row_id, queue=queue, lease=timedelta(seconds=lease),
+            before=() if withdraw is None else (stmt.WITHDRAW, stmt.RELEASE_HANDED), token=withdraw,
+        )  # fmt: skip
         return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def withdraw(self, token: str, *, release: bool = True, forget: bool = False) -> None:
+        """End the standing claim ``token`` (see :mod:`.standing`): no longer offered; ``release``: a message handed
+        to it goes back to its queue as never claimed; ``forget``: its row is deleted too."""
+        statements = [
+            stmt.WITHDRAW,
+            *([stmt.RELEASE_HANDED] if release else []),
+            *([stmt.FORGET_STANDING] if forget else []),
+        ]
+        self._rows("withdraw a standing claim", statements[-1], commit_mode="lazy", before=statements[:-1], token=token)
 
     def due_times(self, queues: Sequence[str]) -> dict[str, float]:
         """For each of ``queues`` holding a row: epoch seconds (this process's clock) at which its next row becomes

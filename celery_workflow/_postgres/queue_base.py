@@ -5,7 +5,7 @@ transaction (:class:`QueueBase`), which :class:`~celery_workflow._postgres.broke
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -51,16 +51,21 @@ class QueueBase:
     def _local_now(self) -> float:
         return time.time() if self.clock is None else self.clock()
 
-    def _rows(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> list[tuple[Any, ...]]:
+    def _rows(
+        self, what: str, sql: str, *, commit_mode: str = "", before: Sequence[str] = (), **values: Any
+    ) -> list[tuple[Any, ...]]:
         """Run one statement in its own transaction (one round trip); its rows (none for a statement without a
         result). ``commit_mode``: ``"lazy"`` commits without waiting for the disk, ``"disk"`` is on disk when this
-        returns (see the module docstring), ``""`` as the session does."""
-        return self._run(what, sql, values, commit_mode)[0]
+        returns (see the module docstring), ``""`` as the session does. ``before``: statements (taking the same
+        parameters) run first in that transaction and round trip, each with its own snapshot."""
+        return self._run(what, sql, values, commit_mode, before)[0]
 
     def _rowcount(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> int:
         return self._run(what, sql, values, commit_mode)[1]
 
-    def _run(self, what: str, sql: str, values: dict[str, Any], commit_mode: str) -> tuple[list[tuple[Any, ...]], int]:
+    def _run(
+        self, what: str, sql: str, values: dict[str, Any], commit_mode: str, before: Sequence[str] = ()
+    ) -> tuple[list[tuple[Any, ...]], int]:
         params = self._params(**values)
         setting = None  # only when the session's own setting differs
         if commit_mode == "lazy" and not self.db.lazy_commits:
@@ -73,6 +78,8 @@ class QueueBase:
             script = Script(conn)
             if setting is not None:
                 script.add(*commit_setting(setting))
+            for statement in before:
+                script.add(statement, params)
             index = script.add(sql, params)
             result = script.send()[index]
             return result.rows, result.rowcount

@@ -19,7 +19,8 @@ from celery_workflow._backend.broker import (
     QUEUE,
     queue_tables,
 )
-from celery_workflow._postgres.listener import CHANNEL_QUEUE, notify_sql
+from celery_workflow._backend.migrations import Table, columns
+from celery_workflow._postgres.listener import ALIVE_LOCK, CHANNEL_QUEUE, notify_sql
 from celery_workflow.dead_letters import LEASE_EXPIRED
 
 Q = QUEUE
@@ -30,11 +31,17 @@ CONSUMERS = BROKER_CONSUMERS
 DEAD = DEAD_LETTERS
 DEAD_COLUMNS = ", ".join(DEAD_LETTER_COLUMNS.split())
 
+#: The standing claims of idle consumers (migration ``0006_standing_claims.sql``, :mod:`.standing`).
+STANDING = "celery_workflow_standing_claims"
+
 #: The queue's tables as the code expects them (the migration test compares the migrated catalog with this).
-TABLES = queue_tables(
-    ttl_columns=("expires", "message_ttl"),
-    idempotency_indexes=("celery_workflow_queue_idempotency_run", "celery_workflow_queue_idempotency_queue"),
-)
+TABLES = {
+    **queue_tables(
+        ttl_columns=("expires", "message_ttl"),
+        idempotency_indexes=("celery_workflow_queue_idempotency_run", "celery_workflow_queue_idempotency_queue"),
+    ),
+    STANDING: Table(columns("token queues lease serial lock_key active assigned_id since"), ("token",)),
+}
 
 # "now": the database clock, unless a test clock is set (then every statement gets it as %(now)s).
 NOW = "COALESCE(%(now)s::timestamptz, now())"
@@ -88,11 +95,55 @@ SELECT {NOTIFY} FROM ins
 INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {NOTIFY_ROW} FROM ins")
 
 
+# The insert of one message that may be handed to an idle consumer's standing claim (see
+# celery_workflow._postgres.standing), when ``%(handoff)s`` (the producer found the message small enough for a
+# notification to carry and free to skip deduplication) and the message is due now. ``w`` takes the oldest standing
+# claim of the queue that is unassigned and whose consumer is alive (it holds its advisory lock: a shared lock on it
+# cannot be taken), locked so no other producer takes it too. The message is then inserted leased to that consumer
+# (its lease, attempts 1, no idempotency key: as a claim leaves it), the claim records the row, and the notification
+# is keyed by the claim's token and carries what the consumer needs to deliver it: the claim's serial, the queue, the
+# row id, the run id and the message. Without a claim it is the plain insert, announced as INSERT_WHEN_ALONE does.
+# What a handed-over message's notification says (keyed by the claim's token) and a plain one's (NOTIFY_ROW).
+NOTIFY_HANDED = notify_sql(
+    CHANNEL_QUEUE,
+    "w.token || E'\\n' || w.serial || E'\\n' || ins.queue || E'\\n' || ins.id || E'\\n'"
+    " || COALESCE(ins.run_id, '') || E'\\n' || convert_from(ins.payload, 'UTF8')",
+)
+NOTIFY_INSERTED = notify_sql(CHANNEL_QUEUE, "CASE WHEN ins.due THEN ins.queue || E'\\n' || ins.id ELSE ins.queue END")
+INSERT_HANDOFF = f"""
+WITH t AS (
+    SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now
+), w AS (
+    SELECT s.token, s.serial, s.lease FROM {STANDING} AS s, t
+    WHERE %(handoff)s AND t.due <= t.now AND {{when}}
+      AND CASE WHEN s.active AND s.assigned_id IS NULL AND %(queue)s = ANY(s.queues)
+               THEN NOT pg_try_advisory_xact_lock_shared({ALIVE_LOCK}, s.lock_key) ELSE false END
+    ORDER BY s.since LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), ins AS (
+    INSERT INTO {Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at, lease_until,
+                     attempts)
+    SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, CASE WHEN w.token IS NULL THEN %(key)s END,
+           t.due + (SELECT message_ttl FROM {QUEUES} WHERE name = %(queue)s), t.now, t.now + w.lease,
+           CASE WHEN w.token IS NULL THEN 0 ELSE 1 END
+    FROM t LEFT JOIN w ON true
+    WHERE {{when}}
+    {{conflict}}
+    RETURNING queue, id, run_id, payload, not_before <= created_at AS due, lease_until IS NOT NULL AS handed
+), a AS (
+    UPDATE {STANDING} AS s SET assigned_id = ins.id FROM ins, w WHERE s.token = w.token AND ins.handed
+)
+SELECT CASE WHEN ins.handed THEN {NOTIFY_HANDED} ELSE {NOTIFY_INSERTED} END
+FROM ins LEFT JOIN w ON true
+"""
+
+
 @lru_cache(maxsize=64)
-def insert(scope: str, *, alone: bool, when: str = "true") -> str:
+def insert(scope: str, *, alone: bool, when: str = "true", handoff: bool = False) -> str:
     """The insert of one delivery (see INSERT_WHEN): announced with its row id when ``alone``, stored only under the
-    SQL condition ``when``, deduplicated in ``scope`` (see :func:`dedup_scope`); built once per combination."""
-    template = INSERT_WHEN_ALONE if alone else INSERT_WHEN
+    SQL condition ``when``, deduplicated in ``scope`` (see :func:`dedup_scope`); built once per combination.
+    ``handoff`` (one delivery alone): :data:`INSERT_HANDOFF`, which takes ``%(handoff)s`` too."""
+    template = INSERT_HANDOFF if handoff and alone else INSERT_WHEN_ALONE if alone else INSERT_WHEN
     return template.replace("{when}", when).replace("{conflict}", ON_CONFLICT[scope])
 
 
@@ -234,3 +285,40 @@ WITH gone AS (
 )
 SELECT {NOTIFY} FROM ins
 """
+
+
+# -- standing claims (celery_workflow._postgres.standing) ------------------------------------------------------------
+
+# The registration of a consumer's standing claim on its queues (one row per consumer, updated in place). The poll
+# that finds nothing to claim makes it in the same statement (REGISTER, in POLL_REGISTER), so it is visible exactly
+# from the poll's commit on: a message inserted before that was seen by the poll or is announced on its queue, which
+# the consumer hears; one inserted after it finds the claim. An ack makes it alone (REGISTER_ALONE) when the consumer
+# heard nothing on its queues since it last looked (see celery_workflow.transport.postgres). A registration retried
+# after its commit's answer was lost changes nothing (same serial): a message handed to it meanwhile stays recorded.
+_REGISTER = f"""INSERT INTO {STANDING} (token, queues, lease, serial, lock_key, active, assigned_id, since)
+    SELECT %(token)s, %(standing)s::text[], %(lease)s, %(serial)s, %(lock_key)s, true, NULL, {NOW}
+    {{where}}
+    ON CONFLICT (token) DO UPDATE SET queues = EXCLUDED.queues, lease = EXCLUDED.lease, serial = EXCLUDED.serial,
+        lock_key = EXCLUDED.lock_key, active = true, assigned_id = NULL, since = EXCLUDED.since
+    WHERE {STANDING}.serial <> EXCLUDED.serial"""
+REGISTER_ALONE = _REGISTER.replace("{where}", "")
+REGISTER = "registered AS (" + _REGISTER.replace("{where}", "WHERE NOT EXISTS (SELECT 1 FROM picked)") + "\n), "
+POLL_REGISTER = POLL.replace("), leased AS (", "), " + REGISTER + "leased AS (", 1)
+
+# The end of a standing claim, before its consumer claims otherwise: the claim is no longer offered (this waits for a
+# producer handing a message to it at that moment), then the message handed to it, if any, is released as if never
+# claimed (a separate statement: its snapshot sees that producer's insert). The consumer withdraws a claim only when
+# the notification of a hand-off has not reached it, so the message it releases is one it never delivered.
+WITHDRAW = f"UPDATE {STANDING} SET active = false WHERE token = %(token)s AND active"
+RELEASE_HANDED = f"""
+WITH r AS (
+    UPDATE {Q} AS q SET lease_until = NULL, attempts = 0
+    FROM {STANDING} AS s
+    WHERE s.token = %(token)s AND q.id = s.assigned_id AND q.attempts = 1 AND q.lease_until IS NOT NULL
+    RETURNING q.queue
+)
+SELECT {NOTIFY} FROM r
+"""
+FORGET_STANDING = f"DELETE FROM {STANDING} WHERE token = %(token)s"
+# Standing claims of processes that are gone (nobody holds their lock).
+DEAD_STANDING = f"DELETE FROM {STANDING} WHERE pg_try_advisory_xact_lock_shared({ALIVE_LOCK}, lock_key)"

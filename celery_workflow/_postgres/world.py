@@ -194,7 +194,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
                 " WHERE run_id = %(w_run)s AND slot = 1 AND write_id = %(w_id)s)"
             )
             gate = {"w_run": run.run_id, "w_id": write_id}
-            self.store.add_inserts(script, deliveries, when=(mine, gate))
+            self.store.add_inserts(script, deliveries, when=(mine, gate), hand_off=True)  # a new run: no duplicate
             stored = script.add(f"SELECT {RUN}, {mine} FROM celery_workflow_runs WHERE run_id = %(w_run)s", gate)
             found = script.send()[stored].one()
             if found is None:  # pragma: no cover - the row was inserted or existed in this transaction

@@ -229,6 +229,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         start = monotonic()
         while True:
             if worker_stopping():  # no new claims (nor receivers) once the worker is shutting down
+                self.stopping()
                 raise TimeoutError
             self.maintain()
             queues = self.consumable_queues()
@@ -251,6 +252,9 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
                 continue  # a consumer got room meanwhile (an ack in the pool's result thread): look again
             if self.wait_for_change(token, min(max(wait, MIN_WAIT), STOP_CHECK)):
                 self._dirty = True
+
+    def stopping(self) -> None:
+        """The Celery worker around this transport was asked to stop: it takes no new messages (a hook)."""
 
     def _next_due(self, queues: Sequence[str]) -> float:
         return min((self._due.get(q, math.inf) for q in queues), default=math.inf)

@@ -116,9 +116,13 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         held = self._claim(delivery_tag)
         try:
             if held is not None:
-                self.store.ack(held.receipt)
+                self._ack_stored(held.receipt)
         finally:
             super().basic_ack(delivery_tag, multiple)
+
+    def _ack_stored(self, receipt: str) -> None:
+        """Delete an acked message from the store (a transport may do more in the same round trip)."""
+        self.store.ack(receipt)
 
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         """requeue: release the lease (due at once); otherwise move the message to the dead letters, as a queue

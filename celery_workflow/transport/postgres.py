@@ -21,6 +21,10 @@ Features
 * Wake-up: every insert sends ``NOTIFY celery_workflow_queue, '<queue>'`` in its transaction; a waiting consumer
   (one ``LISTEN`` connection per process) wakes for its own queues only, and re-checks at least every
   ``polling_interval``, so delayed rows that become due and lost notifications cost at most that long.
+* Hand-offs: a consumer that found nothing to claim leaves a standing claim on its queues, and a message published
+  while it waits (due now, without an idempotency key, small enough for a notification) is stored already leased to
+  it and sent to it in the notification itself: it is delivered with no query and no other consumer is woken (see
+  :mod:`celery_workflow._postgres.standing`; transport option ``hand_off``).
 * Reconnection: transactions are retried on lost connections (a restarted server, terminated backends) and the
   listener reconnects by itself; what still fails raises a connection error, so Celery reconnects.
 
@@ -54,6 +58,8 @@ Transport Options
 * ``gc_interval`` (10.0): how often each connection tries to collect expired queues and messages (one collector at
   a time per schema).
 * ``consumer_timeout`` (60.0): a consumer silent that long is dead; its auto_delete queues are deleted.
+* ``hand_off`` (True): idle consumers leave standing claims that publishers hand messages to (False: they only
+  poll; publishers hand messages to other consumers still).
 * ``pool_timeout`` (2.0): longest wait for a pooled connection per attempt; with the database unreachable, failed
   transactions are retried for about ``8 * pool_timeout + 7`` seconds before Celery sees a connection error and
   reconnects. Applies per process and connection string (the first connection's value).
@@ -75,7 +81,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_workflow._postgres.database import PgDatabase
 from celery_workflow._postgres.queue import PostgresQueue
-from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
+from celery_workflow._postgres.standing import Registration, StandingClaim
+from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport, worker_stopping
 from celery_workflow.world import ClaimedDelivery
 
 __all__ = ["Channel", "Transport", "broker_database", "close_store", "conninfo", "mask_password", "shared_queue"]
@@ -174,6 +181,13 @@ class Channel(StoreChannel):
     (200 ms) with room to spare.
     """
 
+    def _ack_stored(self, receipt: str) -> None:
+        transport = self.connection
+        if transport is None:
+            super()._ack_stored(receipt)
+        else:
+            transport.ack(self, receipt)
+
     def _wake(self) -> None:
         transport = self.connection  # None once the channel is closed (e.g. an ack after a lost connection)
         if transport is not None and self._consumers:
@@ -214,6 +228,10 @@ class Transport(StoreTransport):
             self.pool_timeout = float(options["pool_timeout"])
         #: The listener key pokes of this transport use: acks wake this connection's waiting consumer only.
         self._wake_key = f"celery_workflow.wake:{uuid.uuid4().hex}"
+        self.hand_off = bool(options.get("hand_off", True))
+        self._standing_claim: StandingClaim | None = None
+        self._stand_again = False  # a claim delivered: poll once more with room, to register a standing claim
+        self._standing_lock = threading.RLock()  # the consumer's claims and the acks of other threads
 
     def open_store(self) -> BrokerStore:
         url = conninfo(self.client.hostname)
@@ -229,19 +247,106 @@ class Transport(StoreTransport):
         assert isinstance(store, PostgresQueue)
         return store
 
+    @property
+    def standing(self) -> StandingClaim:
+        """This connection's standing claims (see :mod:`celery_workflow._postgres.standing`)."""
+        if self._standing_claim is None:
+            self._standing_claim = StandingClaim(self.pg_queue)
+        return self._standing_claim
+
     def change_token(self, queues: Sequence[str]) -> Any:
-        """Notification marks of ``queues`` and of this transport's wake-up key (taken before claiming)."""
-        return self.pg_queue.change_token([*queues, self._wake_key])
+        """Notification marks of ``queues``, of this transport's wake-up key and of its standing claims' hand-offs
+        (taken before claiming)."""
+        return self.pg_queue.change_token([*queues, self._wake_key, self.standing.token])
 
     def _claim(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
-        """Claim the row a notification announced by its key when :meth:`_notified_row` finds one, else (or when
-        another consumer had it) look through the queues as every store does."""
+        """The message handed to this consumer's standing claim, when its notification came; else claim the row a
+        notification announced by its key when :meth:`_notified_row` finds one; else (or when another consumer had
+        it) poll the queues, registering a standing claim on them when the poll finds nothing. A live standing claim
+        is withdrawn in the round trip of whichever claim comes first."""
+        with self._standing_lock:
+            return self._claim_standing(queues, no_ack)
+
+    def _claim_standing(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
+        standing = self.standing
+        handed = standing.take()
+        if handed is not None:
+            self._stand_again = self.hand_off
+            return [handed]
+        withdraw = standing.withdrawal()
         notified = self._notified_row(queues, no_ack)
         if notified is not None:
-            claims = self.pg_queue.claim_notified(*notified, lease=self.lease_seconds)
+            claims = self.pg_queue.claim_notified(*notified, lease=self.lease_seconds, withdraw=withdraw)
+            withdraw = None
             if claims:
+                self._stand_again = self.hand_off
                 return claims
-        return super()._claim(queues, no_ack)
+        offer = standing.offer([q for q in queues if q not in no_ack]) if self.hand_off else None
+        claims, self._due = self.pg_queue.poll(
+            queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds, withdraw=withdraw, register=offer
+        )
+        if offer is not None and not claims:
+            standing.registered(offer)
+        self._stand_again = self.hand_off and bool(claims)
+        return claims
+
+    def _should_poll(self, queues: list[str]) -> bool:
+        """As every store transport decides; and after a claim, once more while an acknowledged queue has room, even
+        with nothing announced: that poll registers the standing claim the next message is handed to (or claims a
+        backlog). Without room, the ack that frees it registers the claim (:meth:`ack`)."""
+        if self._stand_again and self.standing.live is None:
+            no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}
+            if any(q not in no_ack for q in queues):
+                return True
+        return bool(super()._should_poll(queues))
+
+    def ack(self, channel: StoreChannel, receipt: str) -> None:
+        """Delete an acked message (any thread); when the consumer waits on the channel's queues with nothing heard
+        on them since it last looked, register its standing claim in the same round trip: the room this ack frees
+        is offered to the next message at once, with no poll (one that found nothing is what it would do)."""
+        with self._standing_lock:
+            offer = self._offer_on_ack(channel)
+            self.pg_queue.ack(receipt, register=offer, lease=self.lease_seconds)
+            if offer is not None:
+                self.standing.registered(offer)
+
+    def _offer_on_ack(self, channel: StoreChannel) -> Registration | None:
+        standing = self._standing_claim
+        token = self._token
+        marks = None if token is None else token[1]
+        if not self.hand_off or standing is None or standing.live is not None or marks is None or worker_stopping():
+            return None
+        if channel.closed or not channel._consumers:
+            return None
+        queues = [q for q in channel._active_queues if q not in channel._noack_queues]
+        store = self.pg_queue
+        if not queues or any(q not in marks or store.mark(q) != marks[q] for q in queues):
+            return None  # not looked at since it last claimed, or announced a message since: its next poll looks
+        return standing.offer(queues)
+
+    def maintain(self) -> None:
+        """As every store transport does; and withdraw a standing claim on queues this connection no longer
+        consumes with room (a consumer cancelled, a channel closed), which it could not deliver."""
+        super().maintain()
+        live = self._standing_claim.live if self._standing_claim is not None else None
+        if live is not None and not set(live.queues).issubset(self.consumable_queues()):
+            self._withdraw()
+
+    def stopping(self) -> None:
+        """A stopping worker takes no new messages: its standing claim is withdrawn."""
+        if self._standing_claim is not None and self._standing_claim.live is not None:
+            self._withdraw()
+
+    def close_connection(self, connection: Any) -> None:
+        if self._standing_claim is not None:
+            self._withdraw(forget=True)
+            self._standing_claim = None
+        super().close_connection(connection)
+
+    def _withdraw(self, *, forget: bool = False) -> None:
+        with self._standing_lock:
+            if self._standing_claim is not None:
+                self._quietly("withdraw a standing claim", self._standing_claim.withdraw, forget=forget)
 
     def _notified_row(self, queues: list[str], no_ack: set[str]) -> tuple[str, int] | None:
         """The queue and row id of the one message announced since the last claim, when it is the queue's only

@@ -282,8 +282,8 @@ def pg_url() -> Iterator[str]:
 
 def test_postgres_migrate_and_retention_sweep(pg_url: str) -> None:
     result = cli(pg_url, "migrate")
-    assert result.exit_code == 0 and result.stdout.startswith("schema version 0 -> 5")
-    assert result.stderr.splitlines()[-1] == "migrating: 5/5 0005_append_tables_without_run_keys.sql"
+    assert result.exit_code == 0 and result.stdout.startswith("schema version 0 -> 6")
+    assert result.stderr.splitlines()[-1] == "migrating: 6/6 0006_standing_claims.sql"
 
     from celery_workflow.world_pg import PostgresWorld
 

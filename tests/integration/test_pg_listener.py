@@ -9,7 +9,14 @@ import psycopg
 import pytest
 
 from celery_workflow._postgres.database import PgDatabase
-from celery_workflow._postgres.listener import CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS, Listener, notify_sql
+from celery_workflow._postgres.listener import (
+    ALIVE_LOCK,
+    CHANNEL_QUEUE,
+    CHANNEL_RUNS,
+    CHANNEL_STREAMS,
+    Listener,
+    notify_sql,
+)
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow.testing._conformance import eventually
 from tests.integration.pg_fixtures import (  # noqa: F401
@@ -46,6 +53,28 @@ def test_a_process_hears_only_the_channels_it_waits_on(db: PgDatabase) -> None:
     assert listener.wait(CHANNEL_RUNS, ended, DEADLINE, key="r")  # in commit order: the queue's came first
     assert listener.mark(CHANNEL_QUEUE, "celery")[1] == 0  # never heard
     assert listener.channels == {CHANNEL_RUNS, CHANNEL_QUEUE}
+
+
+def test_what_a_notification_carries_is_kept_only_for_keys_marked_here(db: PgDatabase) -> None:
+    """Every consumer hears every hand-off on its queue channel; it keeps only the messages of its own keys."""
+    listener = db.listener
+    mine = listener.mark(CHANNEL_QUEUE, "mine")
+    _notify(db, CHANNEL_QUEUE, "theirs\na message for another consumer")
+    _notify(db, CHANNEL_QUEUE, "mine\na message for this one")
+    assert listener.wait(CHANNEL_QUEUE, mine, DEADLINE, key="mine")  # in commit order: theirs was heard first
+    assert listener.carried(CHANNEL_QUEUE, "mine") == "a message for this one"
+    assert listener.carried(CHANNEL_QUEUE, "theirs") is None
+    assert listener.mark(CHANNEL_QUEUE, "theirs")[1] == 1  # counted all the same
+
+
+def test_a_listener_holds_its_process_alive_lock_while_connected(db: PgDatabase, pg_admin: Any) -> None:
+    """The lock a producer checks before handing a message to a standing claim (see test_standing_claims.py)."""
+    key = eventually(lambda: db.listener.lock_key, timeout=DEADLINE)
+    held = pg_admin.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s AND granted",
+        (ALIVE_LOCK, key),
+    ).fetchone()
+    assert held == (1,)
 
 
 def test_a_first_mark_returns_once_the_server_listens(db: PgDatabase) -> None:

@@ -303,8 +303,9 @@ def test_an_ack_wakes_the_consumer_without_a_claim_unless_its_queue_was_notified
     connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An ack frees prefetch room and wakes the consumer; it claims only if its queue was notified meanwhile (a
-    claim for nothing held up the claim of the next message, whose notification came during it)."""
-    conn = connect(**SLOW_POLLING)
+    claim for nothing held up the claim of the next message, whose notification came during it). (Without standing
+    claims: with them, the ack registers one and the next message is handed over, see test_standing_claims.py.)"""
+    conn = connect(hand_off=False, **SLOW_POLLING)
     claims = spy_claims(monkeypatch, conn.transport.pg_queue)
     got: list[Any] = []
     channel = conn.channel()
@@ -330,8 +331,9 @@ def test_an_idle_consumer_claims_the_announced_row_by_its_key_and_a_backlog_olde
 ) -> None:
     """A message due at once is announced with its row id: a consumer whose queue had nothing claimable claims that
     row by its key. Two announcements since its last claim, or a row taken by someone else, and it looks through
-    the queue instead (oldest first), losing nothing."""
-    conn = connect(**SLOW_POLLING)
+    the queue instead (oldest first), losing nothing. (Without standing claims: with them, the message is handed
+    to the idle consumer instead, see test_standing_claims.py.)"""
+    conn = connect(hand_off=False, **SLOW_POLLING)
     store = conn.transport.pg_queue
     claims = spy_claims(monkeypatch, store)
     got: list[Any] = []

@@ -1,0 +1,138 @@
+"""Standing claims: a message inserted while a consumer waits idle is handed to it by the insert itself.
+
+A consumer of the Postgres transport that polled its queues and found nothing to claim leaves a **standing claim**
+(table ``celery_workflow_standing_claims``, migration ``0006``): its token, the queues it consumes (acknowledged
+ones), its lease and a serial. An insert of one message due now (:data:`~.queue_sql.INSERT_HANDOFF`) takes the
+oldest such claim of its queue, in the same statement, and stores the message already leased to that consumer
+(attempts 1), as a claim would have; its notification is keyed by the claim's token and carries the message. The
+consumer, woken by that notification alone, delivers it without a round trip: the claim's query, the wake-up of
+every other consumer of the queue and the race between them are gone from the path from a producer's commit to a
+running task.
+
+Rules that keep every message delivered:
+
+* **One message per claim.** The insert records the row it handed over (``assigned_id``); a claim with one is
+  never taken again. The consumer registers again only by polling, which finds nothing, so it never holds more
+  than its prefetch room.
+* **Registered by the poll that found nothing**, in the same statement: a message committed before the claim is
+  visible was either seen by that poll or is announced on its queue (the consumer's change token, taken before the
+  poll, ends its wait), and one inserted after finds the claim.
+* **Withdrawn before any other claim** (a later poll, a claim by notification, the consumer leaving its queues, a
+  stopping worker, a closed connection), in the same round trip as that claim: the withdrawal waits for a producer
+  handing a message over at that moment, and a message handed over whose notification has not arrived is released
+  as never claimed (attempts back to 0) and claimable at once, by this poll or anyone's.
+* **Alive, or passed over.** Each process's LISTEN connection holds a session-level advisory lock
+  (:data:`~.listener.ALIVE_LOCK`); a producer takes a shared lock on it to check that the claim's consumer is still
+  there (it cannot while the consumer's connection lives). A consumer killed while registered is passed over at
+  once, and garbage collection deletes its claim. Only the rare message handed over in the moment before a kill is
+  delivered again when its lease (the consumer's) runs out, as for any message a killed worker held.
+* **Only what a notification can carry**: ASCII (any server encoding takes it), no NUL, at most
+  :data:`HANDOFF_MAX` bytes. Larger messages, messages with an idempotency key to deduplicate against a pending one
+  (``put``), delayed ones and inserts of several messages at once are stored and announced as before.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery_workflow._backend.broker import claimed
+from celery_workflow.world import ClaimedDelivery
+
+if TYPE_CHECKING:
+    from celery_workflow._postgres.queue import PostgresQueue
+
+__all__ = ["HANDOFF_MAX", "Registration", "StandingClaim", "can_hand_off", "parse_handoff"]
+
+#: The most bytes of message and queue name a hand-off's notification carries (Postgres refuses notification
+#: payloads of 8000 bytes or more; the rest is the token, serial, row id and run id).
+HANDOFF_MAX = 7_600
+
+
+def can_hand_off(payload: bytes, queue: str, run_id: str | None) -> bool:
+    """Whether a notification can carry this message to a standing claim (see the module docstring)."""
+    size = len(payload) + len(queue) + len(run_id or "")
+    return size <= HANDOFF_MAX and payload.isascii() and b"\0" not in payload and queue.isascii()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One standing claim as its poll registers it: whose (token), which (serial), on which queues, and the object id
+    of the advisory lock that shows its process alive."""
+
+    token: str
+    serial: int
+    queues: tuple[str, ...]
+    lock_key: int
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of the statements that register it (queue_sql.REGISTER)."""
+        return {"token": self.token, "standing": list(self.queues), "serial": self.serial, "lock_key": self.lock_key}
+
+
+def parse_handoff(carried: str, serial: int) -> ClaimedDelivery | None:
+    """The message a hand-off notification carried (``serial\\nqueue\\nid\\nrun_id\\nmessage``) to the claim of
+    ``serial``; None for one of an earlier claim of the same consumer, or anything else."""
+    parts = carried.split("\n", 4)
+    if len(parts) != 5 or parts[0] != str(serial) or not parts[2].isdigit():
+        return None
+    _, queue, row_id, run_id, payload = parts
+    return claimed(int(row_id), queue, payload.encode("ascii"), 1, run_id or None)
+
+
+class StandingClaim:
+    """A consuming connection's standing claims, one at a time (the transport's side of the protocol).
+
+    :meth:`offer` makes the registration a poll carries; :meth:`registered` records that the poll made it (it
+    claimed nothing); :meth:`take` delivers what was handed to it; :meth:`withdrawal` ends it before claiming
+    otherwise. Used by the consuming thread only.
+    """
+
+    def __init__(self, store: PostgresQueue) -> None:
+        self.store = store
+        #: The claim's key: its row, and the key of its notifications (which the consumer waits on).
+        self.token = f"celery_workflow.standing:{uuid.uuid4().hex}"
+        self._serial = 0
+        self._live: Registration | None = None
+
+    @property
+    def live(self) -> Registration | None:
+        """The registration that may be handed a message now (None: none, or its message was taken)."""
+        return self._live
+
+    def offer(self, queues: Sequence[str]) -> Registration | None:
+        """A new registration on ``queues`` for a poll to make, or None (no queue, or this process's LISTEN
+        connection holds no lock to show it alive: it is reconnecting)."""
+        lock_key = self.store.db.listener.lock_key
+        if not queues or lock_key is None:
+            return None
+        self._serial += 1
+        return Registration(self.token, self._serial, tuple(queues), lock_key)
+
+    def registered(self, registration: Registration) -> None:
+        self._live = registration
+
+    def take(self) -> ClaimedDelivery | None:
+        """The message handed to the live registration, if its notification has arrived (the claim is used up)."""
+        live = self._live
+        if live is None:
+            return None
+        carried = self.store.carried(self.token)
+        handed = None if carried is None else parse_handoff(carried, live.serial)
+        if handed is not None:
+            self._live = None
+        return handed
+
+    def withdrawal(self) -> str | None:
+        """The token to withdraw, in the round trip of the next claim, when a registration is live (it ends now)."""
+        live, self._live = self._live, None
+        return None if live is None else live.token
+
+    def withdraw(self, *, forget: bool = False) -> None:
+        """Withdraw the live registration now (a message handed to it that this consumer never saw is released);
+        ``forget``: and delete the claim's row (the connection closes)."""
+        token = self.withdrawal()
+        if token is not None or forget:
+            self.store.withdraw(self.token, release=token is not None, forget=forget)
