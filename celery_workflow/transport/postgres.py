@@ -273,6 +273,8 @@ class Transport(StoreTransport):
         if handed is not None:
             self._stand_again = self.hand_off
             return [handed]
+        if self._standing_holds(queues, no_ack):
+            return self._look_while_standing(queues, no_ack)
         withdraw = standing.withdrawal()
         notified = self._notified_row(queues, no_ack)
         if notified is not None:
@@ -287,6 +289,27 @@ class Transport(StoreTransport):
         )
         if offer is not None and not claims:
             standing.registered(offer)
+        self._stand_again = self.hand_off and bool(claims)
+        return claims
+
+    def _standing_holds(self, queues: list[str], no_ack: set[str]) -> bool:
+        """Whether a poll may leave the live standing claim as it is: nothing was announced since the last look (a
+        periodic look, or a queue's due time), the claim covers the same queues and the listener holds the same
+        lock. An idle consumer then writes nothing when it looks again."""
+        live = self.standing.live
+        return (
+            live is not None
+            and not self._dirty
+            and set(live.queues) == {q for q in queues if q not in no_ack}
+            and live.lock_key == self.pg_queue.db.listener.lock_key
+        )
+
+    def _look_while_standing(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
+        """Poll without touching the standing claim; if the poll claims something after all (a delayed message
+        now due, a lease run out), withdraw the claim, releasing what may have been handed to it meanwhile."""
+        claims, self._due = self.pg_queue.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
+        if claims:
+            self.standing.withdraw()
         self._stand_again = self.hand_off and bool(claims)
         return claims
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -360,3 +361,40 @@ def test_a_new_run_hands_its_first_delivery_to_an_idle_worker_and_a_repeated_sta
         _, created = world.create_run(run, [Delivery("runs", payload, run_id=run.run_id, idempotency_key="start")])
         assert not created and world.store.peek(["runs"]) == []
         assert standing_rows(pg_admin, pg_schema)[0][1:3] == (True, None)  # still standing, nothing assigned
+
+
+def test_an_idle_consumer_looking_again_leaves_its_claim_unwritten(
+    connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    """Its periodic looks (every polling interval) write nothing: an idle worker keeps the WAL quiet."""
+    conn = connect(polling_interval=0.05)
+    with Consumer(conn.channel(), [Queue("quiet")], callbacks=[collector([])], accept=["json"]):
+        idle(conn)
+        version = pg_admin.execute(f'SELECT xmin::text FROM "{pg_schema}".celery_workflow_standing_claims').fetchone()
+        polls = spy_claims(pytest.MonkeyPatch(), conn.transport.pg_queue)
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.5)
+        assert len(polls) >= 3  # it did look
+        again = pg_admin.execute(f'SELECT xmin::text FROM "{pg_schema}".celery_workflow_standing_claims').fetchone()
+        assert again == version
+
+
+def test_a_delayed_message_falling_due_is_claimed_and_the_standing_claim_withdrawn(
+    connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    conn = connect()
+    got: list[Any] = []
+    channel = conn.channel()
+    channel.basic_qos(0, 1, False)
+    producer = Producer(connect().channel())
+    with Consumer(channel, [Queue("later")], callbacks=[collector(got, ack=False)], accept=["json"]):
+        producer.publish({"n": 1}, routing_key="later", not_before=time.time() + 1.0)  # not due now: never handed over
+        idle(conn)
+        assert standing_rows(pg_admin, pg_schema)[0][1:3] == (True, None)
+        drain(conn, lambda: len(got) == 1)  # woken by its due time, not by a notification
+        assert standing_rows(pg_admin, pg_schema)[0][1] is False  # withdrawn: it holds a message now
+        producer.publish({"n": 2}, routing_key="later")
+        assert handed(conn.transport.pg_queue, "later") == [(1, True), (0, False)]
+        got[0][1].ack()
+        drain(conn, lambda: len(got) == 2)
+        got[1][1].ack()
