@@ -230,7 +230,6 @@ class Transport(StoreTransport):
         self._wake_key = f"celery_workflow.wake:{uuid.uuid4().hex}"
         self.hand_off = bool(options.get("hand_off", True))
         self._standing_claim: StandingClaim | None = None
-        self._stand_again = False  # a claim delivered: poll once more with room, to register a standing claim
         self._standing_lock = threading.RLock()  # the consumer's claims and the acks of other threads
 
     def open_store(self) -> BrokerStore:
@@ -271,7 +270,6 @@ class Transport(StoreTransport):
         standing = self.standing
         handed = standing.take()
         if handed is not None:
-            self._stand_again = self.hand_off
             return [handed]
         if self._standing_holds(queues, no_ack):
             return self._look_while_standing(queues, no_ack)
@@ -281,7 +279,6 @@ class Transport(StoreTransport):
             claims = self.pg_queue.claim_notified(*notified, lease=self.lease_seconds, withdraw=withdraw)
             withdraw = None
             if claims:
-                self._stand_again = self.hand_off
                 return claims
         offer = standing.offer([q for q in queues if q not in no_ack]) if self.hand_off else None
         claims, self._due = self.pg_queue.poll(
@@ -289,7 +286,6 @@ class Transport(StoreTransport):
         )
         if offer is not None and not claims:
             standing.registered(offer)
-        self._stand_again = self.hand_off and bool(claims)
         return claims
 
     def _standing_holds(self, queues: list[str], no_ack: set[str]) -> bool:
@@ -310,23 +306,13 @@ class Transport(StoreTransport):
         claims, self._due = self.pg_queue.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
         if claims:
             self.standing.withdraw()
-        self._stand_again = self.hand_off and bool(claims)
         return claims
-
-    def _should_poll(self, queues: list[str]) -> bool:
-        """As every store transport decides; and after a claim, once more while an acknowledged queue has room, even
-        with nothing announced: that poll registers the standing claim the next message is handed to (or claims a
-        backlog). Without room, the ack that frees it registers the claim (:meth:`ack`)."""
-        if self._stand_again and self.standing.live is None:
-            no_ack = {q for c in self.channels if not c.closed for q in c._noack_queues}
-            if any(q not in no_ack for q in queues):
-                return True
-        return bool(super()._should_poll(queues))
 
     def ack(self, channel: StoreChannel, receipt: str) -> None:
         """Delete an acked message (any thread); when the consumer waits on the channel's queues with nothing heard
-        on them since it last looked, register its standing claim in the same round trip: the room this ack frees
-        is offered to the next message at once, with no poll (one that found nothing is what it would do)."""
+        on them since it last looked and nothing due that it saw then, register its standing claim in the same
+        round trip: the room this ack frees is offered to the next message at once, with no poll (one would find
+        nothing)."""
         with self._standing_lock:
             offer = self._offer_on_ack(channel)
             self.pg_queue.ack(receipt, register=offer, lease=self.lease_seconds)
@@ -342,9 +328,11 @@ class Transport(StoreTransport):
         if channel.closed or not channel._consumers:
             return None
         queues = [q for q in channel._active_queues if q not in channel._noack_queues]
-        store = self.pg_queue
+        store, now = self.pg_queue, time.time()
         if not queues or any(q not in marks or store.mark(q) != marks[q] for q in queues):
             return None  # not looked at since it last claimed, or announced a message since: its next poll looks
+        if any(self._due.get(q, math.inf) <= now for q in queues):
+            return None  # its last look left a message due (a backlog): its next poll claims it
         return standing.offer(queues)
 
     def maintain(self) -> None:

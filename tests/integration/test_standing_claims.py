@@ -398,3 +398,24 @@ def test_a_delayed_message_falling_due_is_claimed_and_the_standing_claim_withdra
         got[0][1].ack()
         drain(conn, lambda: len(got) == 2)
         got[1][1].ack()
+
+
+def test_an_ack_registers_no_claim_while_the_consumer_saw_a_backlog(
+    connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    """Its last poll left a message due: the next poll claims it; a claim registered meanwhile would only be withdrawn
+    again (a round trip per message under load)."""
+    conn = connect()
+    got: list[Any] = []
+    channel = conn.channel()
+    channel.basic_qos(0, 1, False)
+    producer = Producer(connect().channel())
+    for n in (1, 2):
+        producer.publish({"n": n}, routing_key="backlog")
+    with Consumer(channel, [Queue("backlog")], callbacks=[collector(got, ack=False)], accept=["json"]):
+        drain(conn, lambda: len(got) == 1)
+        got[0][1].ack()
+        assert standing_rows(pg_admin, pg_schema) == []
+        drain(conn, lambda: len(got) == 2)
+        got[1][1].ack()  # nothing left: this one registers
+        assert standing_rows(pg_admin, pg_schema)[0][1:3] == (True, None)
