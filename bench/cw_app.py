@@ -10,6 +10,8 @@ from celery_workflow import Workflows
 
 celery_app = Celery("bench_cw")
 wf = Workflows(celery_app, durability=os.environ.get("CW_DURABILITY", "delivery"))
+if os.environ.get("CW_HAND_OFF") == "0":  # consumers leave no standing claims (bench/handoff.py)
+    celery_app.conf.broker_transport_options = {**(celery_app.conf.broker_transport_options or {}), "hand_off": False}
 
 
 @wf.step
