@@ -31,7 +31,7 @@ from tests.integration.pg_fixtures import (  # noqa: F401
     pg_schema_fixture,
     pg_url_fixture,
 )
-from tests.integration.transport_suite import collector, drain
+from tests.integration.transport_suite import collector, drain, spy_calls
 
 TRANSPORT = "celery_workflow.transport.postgres:Transport"
 QUIET = {"polling_interval": 30, "heartbeat_interval": 60, "gc_interval": 60}
@@ -62,16 +62,7 @@ def world(pg_url: str) -> Iterator[PostgresWorld]:
 
 def spy_claims(monkeypatch: pytest.MonkeyPatch, store: PostgresQueue) -> list[str]:
     """Each claim statement the consumer's store runs from now on: "poll" or "notified" (by a row's key)."""
-    claims: list[str] = []
-    for name, kind in (("poll", "poll"), ("claim_notified", "notified")):
-        original = getattr(store, name)
-
-        def counting(*args: Any, _original: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
-            claims.append(_kind)
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(store, name, counting)
-    return claims
+    return spy_calls(monkeypatch, store, {"poll": "poll", "claim_notified": "notified"})
 
 
 def idle(conn: Connection) -> None:

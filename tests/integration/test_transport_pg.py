@@ -26,7 +26,7 @@ from tests.integration.pg_fixtures import (  # noqa: F401
     pg_url_fixture,
     terminate_backends,
 )
-from tests.integration.transport_suite import TransportSuite, collector, drain
+from tests.integration.transport_suite import TransportSuite, collector, drain, spy_calls
 
 TRANSPORT = "celery_workflow.transport.postgres:Transport"
 
@@ -287,16 +287,7 @@ def test_room_freed_while_the_consumer_looks_is_taken_without_waiting(
 
 def spy_claims(monkeypatch: pytest.MonkeyPatch, store: PostgresQueue) -> list[str]:
     """Each claim statement the store runs from now on: "poll" (through the queues) or "notified" (by a row's key)."""
-    claims: list[str] = []
-    for name, kind in (("poll", "poll"), ("claim_notified", "notified")):
-        original = getattr(store, name)
-
-        def counting(*args: Any, _original: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
-            claims.append(_kind)
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(store, name, counting)
-    return claims
+    return spy_calls(monkeypatch, store, {"poll": "poll", "claim_notified": "notified"})
 
 
 def test_an_ack_wakes_the_consumer_without_a_claim_unless_its_queue_was_notified(

@@ -49,6 +49,20 @@ def collector(received: list[Any], *, ack: bool = True) -> Callable[[Any, Any], 
     return on_message
 
 
+def spy_calls(monkeypatch: Any, target: Any, kinds: dict[str, str]) -> list[str]:
+    """The kind (``kinds[name]``) of each call of the named methods of ``target`` from now on, in order."""
+    calls: list[str] = []
+    for name, kind in kinds.items():
+        original = getattr(target, name)
+
+        def counting(*args: Any, _original: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
+            calls.append(_kind)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(target, name, counting)
+    return calls
+
+
 class TransportSuite:
     """Routing, acks, leases, TTL and expiry through kombu, whatever store is underneath."""
 
