@@ -85,9 +85,10 @@ def parse_handoff(carried: str, serial: int) -> ClaimedDelivery | None:
 class StandingClaim:
     """A consuming connection's standing claims, one at a time (the transport's side of the protocol).
 
-    :meth:`offer` makes the registration a poll carries; :meth:`registered` records that the poll made it (it
-    claimed nothing); :meth:`take` delivers what was handed to it; :meth:`withdrawal` ends it before claiming
-    otherwise. Used by the consuming thread only.
+    :meth:`offer` makes the registration a poll (or an ack) carries; :meth:`registered` records that it was made;
+    :meth:`take` delivers what was handed to it; :meth:`withdrawal` / :meth:`withdrawn` end it in the round trip of
+    another claim, :meth:`withdraw` on its own. The transport serialises the calls (its consumer thread, and the
+    threads that ack).
     """
 
     def __init__(self, store: PostgresQueue) -> None:
@@ -126,13 +127,18 @@ class StandingClaim:
         return handed
 
     def withdrawal(self) -> str | None:
-        """The token to withdraw, in the round trip of the next claim, when a registration is live (it ends now)."""
-        live, self._live = self._live, None
-        return None if live is None else live.token
+        """The token to withdraw in the round trip of the next claim, when a registration is live; once that round
+        trip succeeded, :meth:`withdrawn` (until then the registration counts as live: a failed round trip leaves it
+        standing in the database, and the next claim withdraws it again)."""
+        return None if self._live is None else self._live.token
+
+    def withdrawn(self) -> None:
+        self._live = None
 
     def withdraw(self, *, forget: bool = False) -> None:
         """Withdraw the live registration now (a message handed to it that this consumer never saw is released);
         ``forget``: and delete the claim's row (the connection closes)."""
-        token = self.withdrawal()
-        if token is not None or forget:
-            self.store.withdraw(self.token, release=token is not None, forget=forget)
+        live = self._live is not None
+        if live or forget:
+            self.store.withdraw(self.token, release=live, forget=forget)
+        self._live = None

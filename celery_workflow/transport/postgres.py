@@ -262,7 +262,8 @@ class Transport(StoreTransport):
         """The message handed to this consumer's standing claim, when its notification came; else claim the row a
         notification announced by its key when :meth:`_notified_row` finds one; else (or when another consumer had
         it) poll the queues, registering a standing claim on them when the poll finds nothing. A live standing claim
-        is withdrawn in the round trip of whichever claim comes first."""
+        is withdrawn in the round trip of whichever claim comes first, unless nothing was announced since the last
+        look (:meth:`_standing_holds`)."""
         with self._standing_lock:
             return self._claim_standing(queues, no_ack)
 
@@ -278,12 +279,14 @@ class Transport(StoreTransport):
         if notified is not None:
             claims = self.pg_queue.claim_notified(*notified, lease=self.lease_seconds, withdraw=withdraw)
             withdraw = None
+            standing.withdrawn()
             if claims:
                 return claims
         offer = standing.offer([q for q in queues if q not in no_ack]) if self.hand_off else None
         claims, self._due = self.pg_queue.poll(
             queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds, withdraw=withdraw, register=offer
         )
+        standing.withdrawn()
         if offer is not None and not claims:
             standing.registered(offer)
         return claims
@@ -304,8 +307,8 @@ class Transport(StoreTransport):
         """Poll without touching the standing claim; if the poll claims something after all (a delayed message
         now due, a lease run out), withdraw the claim, releasing what may have been handed to it meanwhile."""
         claims, self._due = self.pg_queue.poll(queues, no_ack=no_ack, limit=self.poll_limit(), lease=self.lease_seconds)
-        if claims:
-            self.standing.withdraw()
+        if claims:  # delivered whatever happens next (a failed withdrawal is retried by the next claim)
+            self._quietly("withdraw a standing claim", self.standing.withdraw)
         return claims
 
     def ack(self, channel: StoreChannel, receipt: str) -> None:

@@ -22,6 +22,7 @@ from kombu import Connection, Consumer, Producer, Queue
 from celery_workflow._postgres.listener import ALIVE_LOCK
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._postgres.standing import HANDOFF_MAX
+from celery_workflow.errors import WorldError
 from celery_workflow.testing._conformance import eventually
 from celery_workflow.transport.postgres import close_store
 from celery_workflow.world import Delivery, NewRun
@@ -410,3 +411,30 @@ def test_an_ack_registers_no_claim_while_the_consumer_saw_a_backlog(
         drain(conn, lambda: len(got) == 2)
         got[1][1].ack()  # nothing left: this one registers
         assert standing_rows(pg_admin, pg_schema)[0][1:3] == (True, None)
+
+
+def test_a_withdrawal_that_fails_leaves_the_claim_live_to_be_withdrawn_again(
+    connect: Callable[..., Connection],
+    monkeypatch: pytest.MonkeyPatch,
+    pg_admin: psycopg.Connection[Any],
+    pg_schema: str,
+) -> None:
+    """The database still offers the claim: the consumer must not forget it (a message handed to it would wait for
+    its lease), so its next claim withdraws it again."""
+    conn = connect()
+    with Consumer(conn.channel(), [Queue("retry")], callbacks=[collector([])], accept=["json"]):
+        idle(conn)
+        standing = conn.transport.standing
+        live = standing.live
+        assert live is not None
+
+        def unavailable(*args: Any, **kwargs: Any) -> None:
+            raise WorldError("the database is away")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(conn.transport.pg_queue, "withdraw", unavailable)
+            with pytest.raises(WorldError):
+                standing.withdraw()
+        assert standing.live == live and standing.withdrawal() == live.token
+        standing.withdraw()
+        assert standing.live is None and standing_rows(pg_admin, pg_schema)[0][1] is False
