@@ -12,11 +12,15 @@ running task.
 Rules that keep every message delivered:
 
 * **One message per claim.** The insert records the row it handed over (``assigned_id``); a claim with one is
-  never taken again. The consumer registers again only by polling, which finds nothing, so it never holds more
+  never taken again. The consumer registers again only when it would find nothing to claim, so it never holds more
   than its prefetch room.
-* **Registered by the poll that found nothing**, in the same statement: a message committed before the claim is
-  visible was either seen by that poll or is announced on its queue (the consumer's change token, taken before the
-  poll, ends its wait), and one inserted after finds the claim.
+* **Registered where a poll would find nothing**: by the poll that found nothing, in the same statement (a message
+  committed before the claim is visible was either seen by that poll or is announced on its queue: the consumer's
+  change token, taken before the poll, ends its wait; one inserted after finds the claim), or by the ack that frees
+  the consumer's room, in the ack's round trip, when nothing was announced on its queues since its last look and
+  that look left nothing due (the transport's ``ack``; between one-at-a-time messages, no poll runs at all).
+* **Left as it is by a look that nothing prompted** (the polling interval, a due time): an idle consumer writes
+  nothing; if that look claims something after all, the claim is withdrawn then.
 * **Withdrawn before any other claim** (a later poll, a claim by notification, the consumer leaving its queues, a
   stopping worker, a closed connection), in the same round trip as that claim: the withdrawal waits for a producer
   handing a message over at that moment, and a message handed over whose notification has not arrived is released
