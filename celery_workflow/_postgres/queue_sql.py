@@ -95,6 +95,14 @@ SELECT {NOTIFY} FROM ins
 INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {NOTIFY_ROW} FROM ins")
 
 
+# What a handed-over message's notification says (keyed by the claim's token) and a plain one's (NOTIFY_ROW).
+NOTIFY_HANDED = notify_sql(
+    CHANNEL_QUEUE,
+    "w.token || E'\\n' || w.serial || E'\\n' || ins.queue || E'\\n' || ins.id || E'\\n'"
+    " || COALESCE(ins.run_id, '') || E'\\n' || convert_from(ins.payload, 'UTF8')",
+)
+NOTIFY_INSERTED = notify_sql(CHANNEL_QUEUE, "CASE WHEN ins.due THEN ins.queue || E'\\n' || ins.id ELSE ins.queue END")
+
 # The insert of one message that may be handed to an idle consumer's standing claim (see
 # celery_workflow._postgres.standing), when ``%(handoff)s`` (the producer found the message small enough for a
 # notification to carry and free to skip deduplication) and the message is due now. ``w`` takes the oldest standing
@@ -103,13 +111,6 @@ INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {N
 # (its lease, attempts 1, no idempotency key: as a claim leaves it), the claim records the row, and the notification
 # is keyed by the claim's token and carries what the consumer needs to deliver it: the claim's serial, the queue, the
 # row id, the run id and the message. Without a claim it is the plain insert, announced as INSERT_WHEN_ALONE does.
-# What a handed-over message's notification says (keyed by the claim's token) and a plain one's (NOTIFY_ROW).
-NOTIFY_HANDED = notify_sql(
-    CHANNEL_QUEUE,
-    "w.token || E'\\n' || w.serial || E'\\n' || ins.queue || E'\\n' || ins.id || E'\\n'"
-    " || COALESCE(ins.run_id, '') || E'\\n' || convert_from(ins.payload, 'UTF8')",
-)
-NOTIFY_INSERTED = notify_sql(CHANNEL_QUEUE, "CASE WHEN ins.due THEN ins.queue || E'\\n' || ins.id ELSE ins.queue END")
 INSERT_HANDOFF = f"""
 WITH t AS (
     SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now
@@ -293,7 +294,7 @@ SELECT {NOTIFY} FROM ins
 # that finds nothing to claim makes it in the same statement (REGISTER, in POLL_REGISTER), so it is visible exactly
 # from the poll's commit on: a message inserted before that was seen by the poll or is announced on its queue, which
 # the consumer hears; one inserted after it finds the claim. An ack makes it alone (REGISTER_ALONE) when the consumer
-# heard nothing on its queues since it last looked (see celery_workflow.transport.postgres). A registration retried
+# heard nothing on its queues since it last looked and that look left nothing due (celery_workflow.transport.postgres). A registration retried
 # after its commit's answer was lost changes nothing (same serial): a message handed to it meanwhile stays recorded.
 _REGISTER = f"""INSERT INTO {STANDING} (token, queues, lease, serial, lock_key, active, assigned_id, since)
     SELECT %(token)s, %(standing)s::text[], %(lease)s, %(serial)s, %(lock_key)s, true, NULL, {NOW}
