@@ -20,6 +20,7 @@ import select
 import socket
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 import psycopg
@@ -84,7 +85,8 @@ class Listener:
         self._listening: frozenset[str] = frozenset()  # on the current connection
         self._generations: dict[tuple[str, str | None], int] = {}
         self._carried: Recent[tuple[str, str], str] = Recent(_MAX_CARRIED)
-        self._interest: Recent[tuple[str, str], bool] = Recent(_MAX_KEYS)  # keys marked here (see _record)
+        # the keys marked here, least recently marked first (see _record); guarded by _cond, which mark() holds anyway
+        self._interest: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._epoch = 0  # bumped on (re)connect: every waiter re-checks
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -114,9 +116,12 @@ class Listener:
         """A mark to pass to :meth:`wait`; take it *before* checking the database."""
         if channel not in self._listening:
             self._subscribe(channel)
-        if key is not None:
-            self._interest.put((channel, key), True)
         with self._cond:
+            if key is not None:
+                self._interest[(channel, key)] = None
+                self._interest.move_to_end((channel, key))
+                if len(self._interest) > _MAX_KEYS:
+                    self._interest.popitem(last=False)
             return self._epoch, self._generations.get((channel, key), 0)
 
     def wait(self, channel: str, mark: tuple[int, int], timeout: float, key: str | None = None) -> bool:
@@ -263,7 +268,7 @@ class Listener:
             key, _, carried = payload.partition("\n")
             for counted in ((channel, None), (channel, key)):
                 self._generations[counted] = self._generations.get(counted, 0) + 1
-            if carried and self._interest.get((channel, key)):
+            if carried and (channel, key) in self._interest:
                 self._carried.put((channel, key), carried)
             else:
                 self._carried.pop((channel, key))  # the last notification of the key carried nothing

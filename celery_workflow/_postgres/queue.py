@@ -390,7 +390,7 @@ class PostgresQueue(BrokerState):
             if register is not None and register.token != withdraw:
                 raise ValueError("a poll withdraws and registers the standing claim of one consumer")
             claim["token"] = withdraw
-        before = () if withdraw is None else (stmt.WITHDRAW, stmt.RELEASE_HANDED)
+        before = () if withdraw is None else stmt.WITHDRAWAL
         rows = self._rows("claim", sql, commit_mode="lazy", before=before, **claim)
         now = self._local_now()
         taken = sorted((r for r in rows if r[0] is not None), key=lambda r: (r[5], r[0]))  # oldest due first
@@ -406,7 +406,7 @@ class PostgresQueue(BrokerState):
         ``withdraw``: as in :meth:`poll`."""
         rows = self._rows(
             "claim", stmt.CLAIM_NOTIFIED, commit_mode="lazy", id=row_id, queue=queue, lease=timedelta(seconds=lease),
-            before=() if withdraw is None else (stmt.WITHDRAW, stmt.RELEASE_HANDED), token=withdraw,
+            before=() if withdraw is None else stmt.WITHDRAWAL, token=withdraw,
         )  # fmt: skip
         return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
@@ -414,8 +414,7 @@ class PostgresQueue(BrokerState):
         """End the standing claim ``token`` (see :mod:`.standing`): no longer offered; ``release``: a message handed
         to it goes back to its queue as never claimed; ``forget``: its row is deleted too."""
         statements = [
-            stmt.WITHDRAW,
-            *([stmt.RELEASE_HANDED] if release else []),
+            *(stmt.WITHDRAWAL if release else stmt.WITHDRAWAL[:1]),
             *([stmt.FORGET_STANDING] if forget else []),
         ]
         self._rows("withdraw a standing claim", statements[-1], commit_mode="lazy", before=statements[:-1], token=token)

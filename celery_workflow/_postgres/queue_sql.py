@@ -320,6 +320,8 @@ WITH r AS (
 )
 SELECT {NOTIFY} FROM r
 """
+#: What withdraws a claim before (or instead of) its consumer's next claim, in one round trip.
+WITHDRAWAL = (WITHDRAW, RELEASE_HANDED)
 FORGET_STANDING = f"DELETE FROM {STANDING} WHERE token = %(token)s"
 # Standing claims of processes that are gone (nobody holds their lock).
 DEAD_STANDING = f"DELETE FROM {STANDING} WHERE pg_try_advisory_xact_lock_shared({ALIVE_LOCK}, lock_key)"
