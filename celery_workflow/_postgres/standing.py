@@ -21,8 +21,9 @@ Rules that keep every message delivered:
   that look left nothing due (the transport's ``ack``; between one-at-a-time messages, no poll runs at all).
 * **Left as it is by a look that nothing prompted** (the polling interval, a due time): an idle consumer writes
   nothing; if that look claims something after all, the claim is withdrawn then.
-* **Withdrawn before any other claim** (a later poll, a claim by notification, the consumer leaving its queues, a
-  stopping worker, a closed connection), in the same round trip as that claim: the withdrawal waits for a producer
+* **Withdrawn before any other claim** (a later poll, a claim by notification), in the same round trip as that
+  claim, and on its own when the consumer leaves its queues (at the cancel or channel close, not at its next turn:
+  nothing may drain it again), the worker stops or the connection closes: the withdrawal waits for a producer
   handing a message over at that moment, and a message handed over whose notification has not arrived is released
   as never claimed (attempts back to 0) and claimable at once, by this poll or anyone's.
 * **Alive, or passed over.** Each process's LISTEN connection holds a session-level advisory lock

@@ -205,6 +205,16 @@ class Channel(StoreChannel):
         finally:
             self._wake()
 
+    def basic_cancel(self, consumer_tag: Any) -> Any:
+        """Cancel as every store channel does, then withdraw a standing claim on the queue left (also when the
+        channel closes: closing cancels each consumer)."""
+        try:
+            return super().basic_cancel(consumer_tag)
+        finally:
+            transport = self.connection
+            if transport is not None:
+                transport.withdraw_unconsumed()
+
 
 class Transport(StoreTransport):
     """Kombu transport over a Postgres schema (``driver_type`` ``celery_workflow_postgres``)."""
@@ -340,8 +350,15 @@ class Transport(StoreTransport):
 
     def maintain(self) -> None:
         """As every store transport does; and withdraw a standing claim on queues this connection no longer
-        consumes with room (a consumer cancelled, a channel closed), which it could not deliver."""
+        consumes with room, which it could not deliver (see :meth:`withdraw_unconsumed`)."""
         super().maintain()
+        self.withdraw_unconsumed()
+
+    def withdraw_unconsumed(self) -> None:
+        """Withdraw the standing claim if one of its queues is no longer consumed with room here: a consumer was
+        cancelled or its channel closed. Called by the cancel itself, since nothing may drain this connection
+        again (a ``with Consumer(...)`` block that ended, a connection back in a pool): a message handed to the
+        claim then would stay leased to it, out of every other reader's reach, until the lease ran out."""
         live = self._standing_claim.live if self._standing_claim is not None else None
         if live is not None and not set(live.queues).issubset(self.consumable_queues()):
             self._withdraw()

@@ -438,3 +438,38 @@ def test_a_withdrawal_that_fails_leaves_the_claim_live_to_be_withdrawn_again(
         assert standing.live == live and standing.withdrawal() == live.token
         standing.withdraw()
         assert standing.live is None and standing_rows(pg_admin, pg_schema)[0][1] is False
+
+
+def test_a_cancelled_consumer_that_drains_no_more_is_handed_nothing(
+    connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    """A consumer is cancelled and its connection is kept (a ``with Consumer(...)`` block ended, the connection went
+    back to a pool): nobody drains it again, so its claim is withdrawn by the cancel itself. Otherwise the next
+    message would be handed to it and stay leased to it, out of every other reader's reach, for a whole lease."""
+    conn = connect()
+    producer = Producer(connect().channel())
+    store = conn.transport.pg_queue
+    with Consumer(conn.channel(), [Queue("left")], callbacks=[collector([])], accept=["json"]):
+        idle(conn)
+        assert standing_rows(pg_admin, pg_schema)[0][:2] == (["left"], True)
+    assert standing_rows(pg_admin, pg_schema)[0][1] is False  # no drain_events since the cancel
+    producer.publish({"n": 1}, routing_key="left")
+    assert handed(store, "left") == [(0, False)]
+    reader = connect().SimpleQueue("left")
+    assert reader.get(timeout=5).payload == {"n": 1}
+    reader.close()
+
+
+def test_a_channel_closed_under_a_standing_claim_withdraws_it(
+    connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
+) -> None:
+    conn = connect()
+    channel = conn.channel()
+    consumer = Consumer(channel, [Queue("closed-channel")], callbacks=[collector([])], accept=["json"])
+    consumer.consume()
+    idle(conn)
+    assert standing_rows(pg_admin, pg_schema)[0][:2] == (["closed-channel"], True)
+    channel.close()
+    assert standing_rows(pg_admin, pg_schema)[0][1] is False
+    Producer(connect().channel()).publish({"n": 2}, routing_key="closed-channel")
+    assert handed(conn.transport.pg_queue, "closed-channel") == [(0, False)]
