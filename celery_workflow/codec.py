@@ -7,7 +7,7 @@ back as plain JSON. Anything that cannot be represented raises :class:`~celery_w
 
 Blobs (event data, stream chunks) are ``b"j1"`` + UTF-8 JSON; stream chunks may also be ``b"b1"`` + raw bytes.
 
-Sizes: an event's encoded data is at most :data:`MAX_PAYLOAD_BYTES` on every World (``events.validate``); one value
+Sizes: an event's encoded data is at most :data:`MAX_PAYLOAD_BYTES` on every World (``rules.validate``); one value
 in it (a step's result, a run's output, an input, a hook payload) is at most the World's own ``max_payload``
 (:attr:`celery_workflow.world.World.max_payload`), which the runtime checks with :func:`check_size` where the value
 is produced. A recorded error keeps its message to :data:`MAX_ERROR_MESSAGE` bytes and its traceback to

@@ -1,7 +1,7 @@
 """The World protocol: storage (event log and views), queue (deliveries) and streams.
 
 A World is everything durable about workflows. Every World applies the rules of :mod:`celery_workflow.events`
-(:func:`~celery_workflow.events.plan_append`) and stores each append atomically: the events at contiguous slots, the
+(:func:`~celery_workflow.rules.plan_append`) and stores each append atomically: the events at contiguous slots, the
 view changes and the deliveries handed in with them. The shape fits a DynamoDB World too: an append is one
 conditional transaction on the run's event count (at most 100 items), reads are consistent, and every listing goes
 through a key or an index.

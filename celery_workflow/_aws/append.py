@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from celery_workflow import events as rules
-from celery_workflow import ids
+from celery_workflow import ids, rules
 from celery_workflow._aws.dynamo import Cancelled
 from celery_workflow._aws.items import (
     CODEC,

@@ -35,8 +35,7 @@ from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
-from celery_workflow import codec, ids
-from celery_workflow import events as rules
+from celery_workflow import codec, ids, rules
 from celery_workflow._aws.append import AWSAppend
 from celery_workflow._aws.config import AWSConfig, QueueConfig
 from celery_workflow._aws.dead_letters import SQSDeadLetters

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from celery_workflow import codec, ids
-from celery_workflow import events as rules
+from celery_workflow import codec, ids, rules
 from celery_workflow.errors import EventInvalid
+from celery_workflow.events import NewEvent
 from celery_workflow.world import Delivery
 
 #: The largest stored stream chunk: a payload of :data:`codec.MAX_PAYLOAD_BYTES` plus its two-byte format tag.
@@ -52,8 +52,8 @@ def check_chunks(chunks: Sequence[bytes]) -> list[bytes]:
     return out
 
 
-def normalise(new_events: Sequence[rules.NewEvent]) -> list[rules.NewEvent]:
-    """Validate each event (:func:`events.validate`, EventInvalid) and copy its data through JSON.
+def normalise(new_events: Sequence[NewEvent]) -> list[NewEvent]:
+    """Validate each event (:func:`rules.validate`, EventInvalid) and copy its data through JSON.
 
     The copy is what a database gives back (tuples become lists), so an append's result equals later reads and
     the World never shares objects with its caller.
@@ -61,5 +61,5 @@ def normalise(new_events: Sequence[rules.NewEvent]) -> list[rules.NewEvent]:
     out = []
     for ev in new_events:
         blob = rules.validate(ev)
-        out.append(rules.NewEvent(ev.event_type, ev.correlation_id, codec.loads(blob)))
+        out.append(NewEvent(ev.event_type, ev.correlation_id, codec.loads(blob)))
     return out

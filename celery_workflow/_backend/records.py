@@ -30,12 +30,12 @@ from celery_workflow.events import (
     HookView,
     RunStatus,
     RunView,
-    Snapshot,
     StepStatus,
     StepView,
     WaitStatus,
     WaitView,
 )
+from celery_workflow.rules import Snapshot
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -109,7 +109,7 @@ _ENUMS: dict[str, type[StrEnum]] = {"runs": RunStatus, "steps": StepStatus, "wai
 _FIELDS = {table: frozenset(f.name for f in dataclasses.fields(cls)) for table, cls in _VIEWS.items()}
 _BLOBS = frozenset({"input", "output", "error", "metadata", "respond_with"})
 _TIMES = frozenset({"created_at", "updated_at", "started_at", "completed_at", "retry_after", "resume_at"})
-_NO_LIMIT = 1 << 62  # values stored here were size-checked by events.validate already
+_NO_LIMIT = 1 << 62  # values stored here were size-checked by rules.validate already
 
 
 def _same(value: Any) -> Any:

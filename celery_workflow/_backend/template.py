@@ -5,7 +5,7 @@
     request = AppendRequest.build(...)          # check the deliveries, normalise the events, find their keys
     with <one atomic unit of the backend>:      # a transaction, a lock, a conditional DynamoDB transaction
         loaded = load(request)                  # the run and the rows the keys name (Snapshot), under the run's lock
-        plan = events.plan_append(...)          # the rules: one source for every World
+        plan = rules.plan_append(...)          # the rules: one source for every World
         write(request, plan)                    # events, views, hooks, tokens, deliveries and the ack, atomically
     return AppendResult(plan.events, plan.run)
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
-from celery_workflow import events as rules
+from celery_workflow import rules
 from celery_workflow._backend.checks import check_deliveries, normalise
 from celery_workflow.errors import CeleryWorkflowError, EntityExists
 from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, RunView

@@ -3,15 +3,15 @@ lock, the writes and the snapshot cache.
 
 :class:`PgAppend` gives :func:`celery_workflow._backend.template.append` its steps. An append is a
 :class:`~celery_workflow._postgres.database.Script` transaction of two round trips: ``BEGIN`` and the reads of
-:class:`LockedReads` (the run's row lock first), then, once :func:`celery_workflow.events.plan_append` has applied the
+:class:`LockedReads` (the run's row lock first), then, once :func:`celery_workflow.rules.plan_append` has applied the
 rules, :func:`write_plan`, the deliveries, the ack and ``COMMIT``. The whole is retried by
 :meth:`~celery_workflow._postgres.database.PgDatabase.run` on deadlocks, serialization failures and lost connections;
 a retry first looks for the events its own ``write_id`` committed (a commit whose answer was lost).
 
 :class:`SnapshotCache` makes it one round trip for the run a process is working on. A replay reads the run's whole
 state (:meth:`~celery_workflow.world_pg.PostgresWorld.get_run_with_events`: the run, its log, every step, live hook
-and wait); the World keeps it as a :class:`~celery_workflow.events.Snapshot` and, after each batch it writes, the
-snapshot that batch leads to (:func:`celery_workflow.events.advance`). The next batch of that run is planned on the
+and wait); the World keeps it as a :class:`~celery_workflow.rules.Snapshot` and, after each batch it writes, the
+snapshot that batch leads to (:func:`celery_workflow.rules.advance`). The next batch of that run is planned on the
 kept snapshot (``Loaded.guess``) and sent as one script without ``BEGIN`` or ``COMMIT`` (one implicit transaction,
 committed at the script's end): the run's ``UPDATE`` (it locks the row), the events, the other writes; a run's end
 cleans up only the hooks, tokens and waits the kept snapshot says the run has.
@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg import errors as pg_errors
 
-from celery_workflow import events as rules
-from celery_workflow import ids
+from celery_workflow import ids, rules
 from celery_workflow._backend.broker import parse_receipt
 from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
@@ -61,7 +60,7 @@ from celery_workflow._postgres.rows import (
 )
 from celery_workflow._postgres.script import Result, Script, commit_setting
 from celery_workflow.errors import EventInvalid
-from celery_workflow.events import Event, EventType, HookView
+from celery_workflow.events import Event, EventType, HookView, NewEvent
 
 if TYPE_CHECKING:
     import psycopg
@@ -92,7 +91,7 @@ def retained_until_sql(tokens: str) -> str:
     return f"{tokens}.retain_until"
 
 
-def check_token_retention(batch: Sequence[rules.NewEvent]) -> None:
+def check_token_retention(batch: Sequence[NewEvent]) -> None:
     """EventInvalid unless every ``token_retention_until`` of the batch's ``hook_created`` events is an ISO 8601
     time with its offset (what :func:`retained_until_sql` reads back)."""
     for ev in batch:

@@ -16,8 +16,8 @@ deadlocks, serialization failures and lost connections):
 * An append follows the template of :mod:`celery_workflow._backend.template` (steps in
   :mod:`celery_workflow._postgres.append`): it locks the run row (``SELECT … FOR NO KEY UPDATE``: it excludes every
   other appender and the retention sweep, but not the foreign-key checks of stream writes), reads the rows
-  :func:`~celery_workflow.events.keys_of` names into a :class:`~celery_workflow.events.Snapshot`, lets
-  :func:`~celery_workflow.events.plan_append` apply the rules, and writes the events at the next slots, the views,
+  :func:`~celery_workflow.rules.keys_of` names into a :class:`~celery_workflow.rules.Snapshot`, lets
+  :func:`~celery_workflow.rules.plan_append` apply the rules, and writes the events at the next slots, the views,
   hook and token rows, the run-end cleanup, the deliveries and the ack. Writers of one run are serialized across processes, slots are contiguous, a batch is all or nothing
   and a rejected batch writes nothing. A run's end sends ``pg_notify('celery_workflow_runs', run_id)`` at commit.
 * Token locks: ``hook_created`` takes a two-key advisory lock per claimed token (a free token has no row to lock),
@@ -50,8 +50,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from celery_workflow import events as rules
-from celery_workflow import ids
+from celery_workflow import ids, rules
 from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreQueue, StoreStreams, TemplateWorld
 from celery_workflow._backend.listing import RunFilter

@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
-from celery_workflow import events as rules
-from celery_workflow import ids
+from celery_workflow import ids, rules
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded
 from celery_workflow._sqlite.rows import (

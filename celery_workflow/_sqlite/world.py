@@ -10,7 +10,7 @@ Guarantees:
 
 * Every append follows the template of :mod:`celery_workflow._backend.template` in one ``BEGIN IMMEDIATE``
   transaction (:mod:`celery_workflow._sqlite.append`): it reads the run row (the write lock serialises writers of
-  every process) and the rows the batch names, lets :func:`~celery_workflow.events.plan_append` apply the rules, and
+  every process) and the rows the batch names, lets :func:`~celery_workflow.rules.plan_append` apply the rules, and
   writes the events, the views, hook and token rows, the run-end cleanup (hooks, tokens, waits), the deliveries and
   the ack. Slots are contiguous, a batch is all or nothing, and a rejected batch writes nothing (the rule's
   ``EventRejected`` propagates unchanged).

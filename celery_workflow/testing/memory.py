@@ -3,7 +3,7 @@
 :class:`MemoryWorld` implements :class:`~celery_workflow.world.World` with the same guarantees as the durable Worlds,
 minus durability and cross-process access:
 
-* every append goes through :func:`celery_workflow.events.plan_append` (the single source of the transition rules)
+* every append goes through :func:`celery_workflow.rules.plan_append` (the single source of the transition rules)
   and is applied, with the deliveries handed in with it, under one lock: all or nothing, contiguous slots;
 * event data is stored as a JSON round trip of what was appended, so callers never share objects with the World
   (tuples come back as lists, exactly as from a database);
@@ -32,8 +32,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TypeVar
 
-from celery_workflow import events as rules
-from celery_workflow import ids
+from celery_workflow import ids, rules
 from celery_workflow._backend import template
 from celery_workflow._backend.base import TemplateWorld
 from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name
@@ -41,7 +40,7 @@ from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.template import AppendRequest, Loaded
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
-from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
+from celery_workflow.events import Event, EventType, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
     DEFAULT_MAX_PAYLOAD,
     BrokerSpec,
@@ -440,7 +439,7 @@ class _MemoryAppend:
                 snapshot.created_hooks = {
                     str(e.correlation_id)
                     for e in run.events
-                    if e.event_type in (rules.EventType.HOOK_CREATED, rules.EventType.HOOK_CONFLICT)
+                    if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
                     and e.correlation_id in keys.hooks
                 }
             for token in keys.tokens:

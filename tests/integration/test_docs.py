@@ -53,6 +53,7 @@ REFERENCE = {
     "reference/api/index.html": ["celery_workflow.api.rpc_blueprint", "celery_workflow.api.webhook_blueprint"],
     "reference/world/index.html": ["celery_workflow.world.World", "celery_workflow.world.open_world"],
     "reference/events/index.html": ["celery_workflow.events.EventType", "celery_workflow.events.RunStatus"],
+    "reference/rules/index.html": ["celery_workflow.rules.plan_append", "celery_workflow.rules.Snapshot"],
     "reference/testing/index.html": ["celery_workflow.testing.LocalWorker", "celery_workflow.testing.replay_history"],
 }
 

@@ -1,4 +1,4 @@
-"""The transition rules of ``events.plan_append``, tested directly (no World), with hypothesis for batches."""
+"""The transition rules of ``rules.plan_append``, tested directly (no World), with hypothesis for batches."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from celery_workflow import codec, events
+from celery_workflow import codec, events, rules
 from celery_workflow.errors import (
     EntityExists,
     EntityTerminal,
@@ -29,17 +29,12 @@ from celery_workflow.events import (
     EventType,
     HookView,
     NewEvent,
-    Plan,
     RunStatus,
-    Snapshot,
     StepStatus,
     WaitStatus,
-    keys_of,
-    new_run,
-    plan_append,
-    validate,
 )
 from celery_workflow.ids import isoformat
+from celery_workflow.rules import Plan, Snapshot, keys_of, new_run, plan_append, validate
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 ERR = {"type": "E", "message": "m"}
@@ -161,7 +156,7 @@ def test_keys_of_names_the_rows_the_rules_read() -> None:
             ev(EventType.WAIT_COMPLETED, "w1"),
         ]
     )
-    assert keys == events.Keys(frozenset({"s1", "s2"}), frozenset({"h1", "h2"}), frozenset({"w1"}), frozenset({"t1"}))
+    assert keys == rules.Keys(frozenset({"s1", "s2"}), frozenset({"h1", "h2"}), frozenset({"w1"}), frozenset({"t1"}))
 
 
 def test_append_needs_the_run_and_the_expected_count() -> None:
@@ -489,5 +484,5 @@ def test_a_kept_snapshot_advanced_by_each_plan_plans_like_fresh_reads(batches: l
             assert dataclasses.replace(on_kept, hooks_deleted={}) == dataclasses.replace(plan, hooks_deleted={})
         else:
             assert on_kept == plan
-        kept = events.advance(kept, plan)
+        kept = rules.advance(kept, plan)
         assert kept == _whole(model)

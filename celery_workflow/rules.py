@@ -1,0 +1,465 @@
+"""The transition rules: how a batch of events is checked against a run's state and turned into the writes that keep
+the log and its views (the single source every World applies; the records are :mod:`celery_workflow.events`).
+
+A World appends a batch of events like this, inside one transaction (or one conditional DynamoDB transaction)::
+
+    keys = rules.keys_of(new_events)                       # which rows the rules need to see
+    snapshot = <read run row (locked), keys.steps/hooks/waits of the run, live owners of keys.tokens>
+    plan = rules.plan_append(snapshot, new_events, now=..., expected_count=...)
+    <write plan.events, plan.run, plan.steps, plan.hooks_inserted, plan.hooks_deleted, plan.waits,
+     and, when plan.run_ended, delete every hook and wait of the run (releasing tokens)>
+
+:func:`plan_append` raises a subclass of :class:`~celery_workflow.errors.EventRejected` when a rule refuses the batch;
+nothing of the batch is written then. Rules (reference/vercel-workflow.md §3.1, pitfalls P1-P7, P12-P13):
+
+* the run must exist (P13); ``expected_count``, when given, must equal the run's event count (:class:`StaleLog`);
+* a terminal run takes no run event (:class:`RunTerminal`) except a repeated ``run_cancelled`` (a no-op), and no new
+  step, hook or wait; a step may not start or retry on it, but a running step may still complete or fail;
+* exactly one terminal event per run, step and wait (:class:`EntityTerminal`); entity creation is unique per
+  (run, correlation id) (:class:`EntityExists`);
+* ``step_started`` needs an existing, non-terminal step whose retry time has passed (:class:`TooEarly`); it counts the
+  attempt and sets ``started_at`` only the first time;
+* ``hook_created`` for a token owned by a live hook is written as ``hook_conflict`` instead; ``hook_received`` and
+  ``hook_disposed`` need a live hook;
+* a run's end deletes its hooks (releasing their tokens) and its waits; ``started_at`` is set once (P7);
+* a repeated ``run_started`` on a running run is a no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from celery_workflow import codec
+from celery_workflow.errors import (
+    EntityExists,
+    EntityTerminal,
+    EventInvalid,
+    EventTooLarge,
+    HookNotFound,
+    PayloadError,
+    PayloadTooLarge,
+    RunNotFound,
+    RunTerminal,
+    StaleLog,
+    StepNotFound,
+    TooEarly,
+    WaitNotFound,
+)
+from celery_workflow.events import (
+    HOOK_EVENTS,
+    RUN_END_STATUS,
+    RUN_EVENTS,
+    STEP_EVENTS,
+    WAIT_EVENTS,
+    Event,
+    EventType,
+    HookView,
+    NewEvent,
+    RunStatus,
+    RunView,
+    StepStatus,
+    StepView,
+    WaitStatus,
+    WaitView,
+)
+from celery_workflow.ids import isoformat, parse_iso
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The rows a batch's rules need: correlation ids of steps, hooks and waits, and hook tokens to check."""
+
+    steps: frozenset[str]
+    hooks: frozenset[str]
+    waits: frozenset[str]
+    tokens: frozenset[str]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the World read, under the run's lock, before planning.
+
+    ``steps``/``hooks``/``waits`` hold at least the rows of this run named by :func:`keys_of`; ``token_owners`` maps
+    each token of :attr:`Keys.tokens` that a live hook (of any run) owns to that hook; ``created_hooks`` holds those
+    of :attr:`Keys.hooks` that already have a ``hook_created`` or ``hook_conflict`` event (live or not), so a hook id
+    is created once per run even after its hook was disposed.
+    """
+
+    run: RunView | None
+    steps: dict[str, StepView] = field(default_factory=dict)
+    hooks: dict[str, HookView] = field(default_factory=dict)
+    waits: dict[str, WaitView] = field(default_factory=dict)
+    token_owners: dict[str, HookView] = field(default_factory=dict)
+    created_hooks: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Plan:
+    """What to write. Every field is the final state after the whole batch."""
+
+    events: list[Event]
+    run: RunView
+    steps: dict[str, StepView] = field(default_factory=dict)  # upserts, by step id
+    waits: dict[str, WaitView] = field(default_factory=dict)  # upserts, by wait id
+    hooks_inserted: dict[str, HookView] = field(default_factory=dict)  # by hook id
+    hooks_deleted: dict[str, HookView] = field(default_factory=dict)  # by hook id (release their tokens)
+    run_ended: bool = False  # delete all hooks (release tokens) and waits of the run
+
+    @property
+    def run_changed(self) -> bool:
+        return bool(self.events)
+
+
+def advance(snapshot: Snapshot, plan: Plan) -> Snapshot:
+    """The snapshot once ``plan`` is written: what a World that read a run's *whole* state (every step, live hook
+    and wait, and every created hook id) may keep to plan the run's next batch without reading it again.
+
+    ``token_owners`` is left empty: it describes other runs, and a batch that claims tokens must read them anew.
+    """
+    assert snapshot.run is not None
+    hooks = {k: v for k, v in snapshot.hooks.items() if k not in plan.hooks_deleted}
+    hooks.update(plan.hooks_inserted)
+    created = set(snapshot.created_hooks)
+    created.update(
+        str(e.correlation_id) for e in plan.events if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
+    )
+    if plan.run_ended:
+        return Snapshot(plan.run, {**snapshot.steps, **plan.steps}, {}, {}, {}, created)
+    return Snapshot(plan.run, {**snapshot.steps, **plan.steps}, hooks, {**snapshot.waits, **plan.waits}, {}, created)
+
+
+def keys_of(new_events: Iterable[NewEvent]) -> Keys:
+    steps: set[str] = set()
+    hooks: set[str] = set()
+    waits: set[str] = set()
+    tokens: set[str] = set()
+    for ev in new_events:
+        cid = ev.correlation_id
+        if cid is None:
+            continue
+        if ev.event_type in STEP_EVENTS:
+            steps.add(cid)
+        elif ev.event_type in HOOK_EVENTS:
+            hooks.add(cid)
+            if ev.event_type is EventType.HOOK_CREATED and isinstance(ev.data.get("token"), str):
+                tokens.add(ev.data["token"])
+        elif ev.event_type in WAIT_EVENTS:
+            waits.add(cid)
+    return Keys(frozenset(steps), frozenset(hooks), frozenset(waits), frozenset(tokens))
+
+
+def validate(ev: NewEvent) -> bytes:
+    """Check an event's shape; return its encoded data (the World stores these bytes)."""
+    if not isinstance(ev.event_type, EventType):
+        raise EventInvalid(f"unknown event type {ev.event_type!r}")
+    needs_cid = ev.event_type not in RUN_EVENTS
+    if needs_cid and not (isinstance(ev.correlation_id, str) and ev.correlation_id):
+        raise EventInvalid(f"{ev.event_type} needs a correlation id")
+    if not needs_cid and ev.correlation_id is not None:
+        raise EventInvalid(f"{ev.event_type} takes no correlation id")
+    if ev.correlation_id is not None and len(ev.correlation_id) > 512:
+        raise EventInvalid("correlation id longer than 512 characters")
+    required = _REQUIRED.get(ev.event_type, ())
+    for key in required:
+        if key not in ev.data:
+            raise EventInvalid(f"{ev.event_type} needs data field {key!r}")
+    if ev.event_type is EventType.HOOK_CREATED and not (isinstance(ev.data["token"], str) and ev.data["token"]):
+        raise EventInvalid("hook_created needs a non-empty string token")
+    try:
+        return codec.dumps(dict(ev.data))
+    except PayloadTooLarge as exc:
+        raise EventTooLarge(f"{ev.event_type}: {exc}") from exc
+    except PayloadError as exc:
+        raise EventInvalid(f"{ev.event_type}: data is not JSON: {exc}") from exc
+
+
+_REQUIRED: dict[EventType, tuple[str, ...]] = {
+    EventType.RUN_CREATED: ("workflow_name", "input"),
+    EventType.STEP_CREATED: ("step_name", "input"),
+    EventType.STEP_COMPLETED: ("result",),
+    EventType.STEP_FAILED: ("error",),
+    EventType.STEP_RETRYING: ("error",),
+    EventType.RUN_FAILED: ("error",),
+    EventType.HOOK_CREATED: ("token",),
+    EventType.HOOK_RECEIVED: ("payload",),
+    EventType.WAIT_CREATED: ("resume_at",),
+}
+
+
+def new_run(run_id: str, data: Mapping[str, Any], now: datetime) -> tuple[RunView, Event]:
+    """The view and slot-1 event of a new run (``data`` is ``run_created``'s data)."""
+    if not isinstance(run_id, str) or not 0 < len(run_id) <= 200 or not run_id.isprintable():
+        raise EventInvalid(f"invalid run id {run_id!r}: 1-200 printable characters")
+    validate(NewEvent(EventType.RUN_CREATED, None, data))
+    view = RunView(
+        run_id=run_id,
+        workflow_name=str(data["workflow_name"]),
+        status=RunStatus.PENDING,
+        input=data["input"],
+        queue=data.get("queue"),
+        created_at=now,
+        updated_at=now,
+        event_count=1,
+    )
+    return view, Event(run_id, 1, EventType.RUN_CREATED, None, dict(data), now)
+
+
+def plan_append(
+    snapshot: Snapshot,
+    new_events: Sequence[NewEvent],
+    *,
+    now: datetime,
+    expected_count: int | None = None,
+    validated: bool = False,
+) -> Plan:
+    """Apply the transition rules to a batch. Raises :class:`EventRejected` subclasses; never writes.
+
+    ``validated``: every event of the batch passed :func:`validate` already (a World's normalised batch)."""
+    for ev in new_events:
+        if not validated:
+            validate(ev)
+        if ev.event_type is EventType.RUN_CREATED:
+            raise EventInvalid("run_created is written by create_run, not append")
+        if ev.event_type is EventType.HOOK_CONFLICT:
+            raise EventInvalid("hook_conflict is written by the World only")
+    run = snapshot.run
+    if run is None:
+        raise RunNotFound()
+    if expected_count is not None and run.event_count != expected_count:
+        raise StaleLog(f"run {run.run_id} has {run.event_count} events, expected {expected_count}")
+    state = _State(snapshot, now)
+    for ev in new_events:
+        state.apply(ev)
+    return state.plan
+
+
+class _State:
+    def __init__(self, snapshot: Snapshot, now: datetime) -> None:
+        assert snapshot.run is not None
+        self.now = now
+        self.steps = dict(snapshot.steps)
+        self.hooks = dict(snapshot.hooks)
+        self.waits = dict(snapshot.waits)
+        self.token_owners = dict(snapshot.token_owners)
+        self.created_hooks = set(snapshot.created_hooks)
+        self.plan = Plan(events=[], run=snapshot.run)
+
+    @property
+    def run(self) -> RunView:
+        return self.plan.run
+
+    def _emit(self, ev: NewEvent, data: Mapping[str, Any] | None = None, event_type: EventType | None = None) -> None:
+        run = self.run
+        slot = run.event_count + 1
+        self.plan.events.append(
+            Event(run.run_id, slot, event_type or ev.event_type, ev.correlation_id, dict(data or ev.data), self.now)
+        )
+        self.plan.run = dataclasses.replace(run, event_count=slot, updated_at=self.now)
+
+    def apply(self, ev: NewEvent) -> None:
+        kind = ev.event_type
+        if kind in RUN_EVENTS:
+            self._run_event(ev)
+        elif kind in STEP_EVENTS:
+            self._step_event(ev)
+        elif kind in HOOK_EVENTS:
+            self._hook_event(ev)
+        else:
+            self._wait_event(ev)
+
+    # -- run ---------------------------------------------------------------------------------------------------------
+
+    def _run_event(self, ev: NewEvent) -> None:
+        run = self.run
+        kind = ev.event_type
+        if run.status.terminal:
+            if kind is EventType.RUN_CANCELLED and run.status is RunStatus.CANCELLED:
+                return  # idempotent: one terminal event per run
+            raise RunTerminal(f"run {run.run_id} is {run.status}; cannot apply {kind}")
+        if kind is EventType.RUN_STARTED:
+            if run.status is RunStatus.RUNNING:
+                return  # already started; started_at is kept (P7)
+            self._emit(ev)
+            self.plan.run = dataclasses.replace(
+                self.run, status=RunStatus.RUNNING, started_at=run.started_at or self.now
+            )
+            return
+        status = RUN_END_STATUS[kind]
+        self._emit(ev)
+        self.plan.run = dataclasses.replace(
+            self.run,
+            status=status,
+            output=ev.data.get("output") if status is RunStatus.COMPLETED else None,
+            error=ev.data.get("error") if status is RunStatus.FAILED else None,
+            completed_at=self.now,
+        )
+        self.plan.run_ended = True
+        for hook_id, hook in list(self.hooks.items()):
+            self.plan.hooks_deleted[hook_id] = hook
+        self.plan.hooks_inserted.clear()
+        self.hooks.clear()
+        self.waits.clear()
+        self.plan.waits.clear()
+
+    # -- steps -------------------------------------------------------------------------------------------------------
+
+    def _step_event(self, ev: NewEvent) -> None:
+        run = self.run
+        kind = ev.event_type
+        sid = str(ev.correlation_id)
+        step = self.steps.get(sid)
+        if kind is EventType.STEP_CREATED:
+            if run.status.terminal:
+                raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create step {sid}")
+            if step is not None:
+                raise EntityExists(f"step {sid} already exists")
+            self._emit(ev)
+            self._put_step(
+                StepView(
+                    run_id=run.run_id,
+                    step_id=sid,
+                    step_name=str(ev.data["step_name"]),
+                    status=StepStatus.PENDING,
+                    input=ev.data["input"],
+                    queue=ev.data.get("queue"),
+                    created_at=self.now,
+                    updated_at=self.now,
+                )
+            )
+            return
+        if step is None:
+            raise StepNotFound(f"step {sid} of run {run.run_id} does not exist")
+        if step.status.terminal:
+            raise EntityTerminal(f"step {sid} is already {step.status}")
+        if kind is EventType.STEP_STARTED:
+            if run.status.terminal:
+                raise RunTerminal(f"run {run.run_id} is {run.status}; step {sid} may not start")
+            if step.retry_after is not None and step.retry_after > self.now:
+                raise TooEarly(
+                    f"step {sid} may not start before {isoformat(step.retry_after)}", retry_after=step.retry_after
+                )
+            attempt = step.attempt + 1
+            self._emit(ev, {**ev.data, "attempt": attempt})
+            self._put_step(
+                dataclasses.replace(
+                    step,
+                    status=StepStatus.RUNNING,
+                    attempt=attempt,
+                    owner=ev.data.get("owner"),
+                    started_at=step.started_at or self.now,
+                    retry_after=None,
+                    updated_at=self.now,
+                )
+            )
+        elif kind is EventType.STEP_RETRYING:
+            if run.status.terminal:
+                raise RunTerminal(f"run {run.run_id} is {run.status}; step {sid} may not retry")
+            retry_after = ev.data.get("retry_after")
+            self._emit(ev)
+            self._put_step(
+                dataclasses.replace(
+                    step,
+                    status=StepStatus.PENDING,
+                    error=ev.data["error"],
+                    retry_after=parse_iso(retry_after) if isinstance(retry_after, str) else None,
+                    owner=None,
+                    updated_at=self.now,
+                )
+            )
+        elif kind is EventType.STEP_COMPLETED:
+            self._emit(ev)
+            self._put_step(
+                dataclasses.replace(
+                    step,
+                    status=StepStatus.COMPLETED,
+                    output=ev.data["result"],
+                    completed_at=self.now,
+                    updated_at=self.now,
+                )
+            )
+        else:  # STEP_FAILED
+            self._emit(ev)
+            self._put_step(
+                dataclasses.replace(
+                    step, status=StepStatus.FAILED, error=ev.data["error"], completed_at=self.now, updated_at=self.now
+                )
+            )
+
+    def _put_step(self, step: StepView) -> None:
+        self.steps[step.step_id] = step
+        self.plan.steps[step.step_id] = step
+
+    # -- hooks -------------------------------------------------------------------------------------------------------
+
+    def _hook_event(self, ev: NewEvent) -> None:
+        run = self.run
+        kind = ev.event_type
+        hid = str(ev.correlation_id)
+        hook = self.hooks.get(hid)
+        if kind is EventType.HOOK_CREATED:
+            if run.status.terminal:
+                raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create hook {hid}")
+            if hook is not None or hid in self.created_hooks:
+                raise EntityExists(f"hook {hid} already exists")
+            self.created_hooks.add(hid)
+            token = str(ev.data["token"])
+            owner = self.token_owners.get(token)
+            if owner is not None:
+                self._emit(ev, {"token": token, "conflicting_run_id": owner.run_id}, event_type=EventType.HOOK_CONFLICT)
+                return
+            self._emit(ev)
+            view = HookView(
+                run_id=run.run_id,
+                hook_id=hid,
+                token=token,
+                created_at=self.now,
+                metadata=ev.data.get("metadata"),
+                is_webhook=bool(ev.data.get("is_webhook", False)),
+                respond_with=ev.data.get("respond_with"),
+            )
+            self.hooks[hid] = view
+            self.token_owners[token] = view
+            self.plan.hooks_inserted[hid] = view
+            return
+        if hook is None:
+            raise HookNotFound(f"hook {hid} of run {run.run_id} is not live")
+        self._emit(ev)
+        if kind is EventType.HOOK_DISPOSED:
+            del self.hooks[hid]
+            self.token_owners.pop(hook.token, None)
+            if self.plan.hooks_inserted.pop(hid, None) is None:
+                self.plan.hooks_deleted[hid] = hook
+
+    # -- waits -------------------------------------------------------------------------------------------------------
+
+    def _wait_event(self, ev: NewEvent) -> None:
+        run = self.run
+        wid = str(ev.correlation_id)
+        wait = self.waits.get(wid)
+        if ev.event_type is EventType.WAIT_CREATED:
+            if run.status.terminal:
+                raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create wait {wid}")
+            if wait is not None:
+                raise EntityExists(f"wait {wid} already exists")
+            resume_at = ev.data["resume_at"]
+            if not isinstance(resume_at, str):
+                raise EventInvalid("wait_created.resume_at must be an ISO 8601 string")
+            try:
+                when = parse_iso(resume_at)
+            except ValueError as exc:
+                raise EventInvalid(f"wait_created.resume_at: {exc}") from exc
+            self._emit(ev)
+            view = WaitView(run.run_id, wid, WaitStatus.WAITING, when, self.now)
+        else:
+            if wait is None:
+                raise WaitNotFound(f"wait {wid} of run {run.run_id} does not exist")
+            if wait.status is WaitStatus.COMPLETED:
+                raise EntityTerminal(f"wait {wid} is already completed")
+            self._emit(ev)
+            view = dataclasses.replace(wait, status=WaitStatus.COMPLETED, completed_at=self.now)
+        self.waits[wid] = view
+        self.plan.waits[wid] = view
