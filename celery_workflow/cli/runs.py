@@ -15,9 +15,10 @@ from typing import Any
 import click
 
 from celery_workflow import codec
-from celery_workflow.cli.session import Session, echo_json, get_run, is_tty, json_views
+from celery_workflow.cli.session import Session, echo_json, get_run, is_tty
 from celery_workflow.errors import RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
+from celery_workflow.rpc import event_json, run_json, step_json
 from celery_workflow.runtime.continuation import continued_as
 from celery_workflow.world import World
 
@@ -49,8 +50,7 @@ def list_runs(session: Session, workflow: str | None, status: str | None, limit:
     """Runs, newest first."""
     page = session.world.list_runs(workflow=workflow, status=status, limit=limit)
     if as_json:
-        api = json_views()
-        echo_json([api.run_json(run) for run in page.items])
+        echo_json([run_json(run) for run in page.items])
         return
     if not page.items:
         click.echo("no runs")
@@ -71,12 +71,11 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
     steps = world.list_steps(run_id)
     events = world.list_events(run_id)
     if as_json:
-        api = json_views()
         echo_json(
             {
-                **api.run_json(run),
-                "steps": [api.step_json(s) for s in steps],
-                "events": [api.event_json(e) for e in events],
+                **run_json(run),
+                "steps": [step_json(s) for s in steps],
+                "events": [event_json(e) for e in events],
             }
         )
         return

@@ -28,7 +28,7 @@ from celery_workflow.world import World, open_world
 if TYPE_CHECKING:
     from celery_workflow.app import Workflows
 
-__all__ = ["BadInput", "Progress", "Session", "WorkflowGroup", "echo_json", "get_run", "is_tty", "json_views"]
+__all__ = ["BadInput", "Progress", "Session", "WorkflowGroup", "echo_json", "get_run", "is_tty"]
 
 #: World URL schemes whose World can be opened without migrating it (``migrate`` applies the migrations itself).
 MIGRATING_SCHEMES = ("sqlite", "postgresql", "postgres")
@@ -132,16 +132,6 @@ def get_run(world: World, run_id: str) -> RunView:
 
 def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
-
-
-def json_views() -> Any:
-    """:mod:`celery_workflow.api`, whose ``run_json``, ``step_json`` and ``event_json`` are the JSON forms of the
-    RPC endpoint (imported on use: the module needs Flask)."""
-    try:
-        from celery_workflow import api
-    except ConfigurationError as exc:
-        raise click.ClickException(f"--json uses the RPC's JSON views, which need Flask: {exc}") from None
-    return api
 
 
 def is_tty(stream: TextIO) -> bool:

@@ -51,6 +51,7 @@ REFERENCE = {
     "reference/client/index.html": ["celery_workflow.client.Run.result", "celery_workflow.client.HTTPClient"],
     "reference/errors/index.html": ["celery_workflow.errors.RetryableError", "celery_workflow.errors.StepFailed"],
     "reference/api/index.html": ["celery_workflow.api.rpc_blueprint", "celery_workflow.api.webhook_blueprint"],
+    "reference/rpc/index.html": ["celery_workflow.rpc.run_json", "celery_workflow.rpc.StartParams"],
     "reference/world/index.html": ["celery_workflow.world.World", "celery_workflow.world.open_world"],
     "reference/events/index.html": ["celery_workflow.events.EventType", "celery_workflow.events.RunStatus"],
     "reference/rules/index.html": ["celery_workflow.rules.plan_append", "celery_workflow.rules.Snapshot"],

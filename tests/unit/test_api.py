@@ -301,11 +301,11 @@ def test_rpc_without_authorize_is_named_in_a_warning(flows: Workflows, caplog: p
 
 def test_list_runs_answers_are_bounded(http: FlaskClient, flows: Workflows, monkeypatch: pytest.MonkeyPatch) -> None:
     """A page over the response limit comes back shorter, with a cursor that continues exactly after it."""
-    from celery_workflow import api
+    from celery_workflow import rpc as rpc_module
 
     for n in range(6):
         flows.runtime.start("emitter", ["x" * 1000], {}, run_id=f"big-{n}")
-    monkeypatch.setattr(api, "MAX_RESPONSE", 3500)  # about two runs' worth
+    monkeypatch.setattr(rpc_module, "MAX_RESPONSE", 3500)  # about two runs' worth
     seen: list[str] = []
     cursor = None
     while True:

@@ -14,9 +14,9 @@ from celery_workflow import (
     Workflows,
     continue_as_new,
 )
-from celery_workflow.api import GetRunParams, _Methods
 from celery_workflow.errors import NotFound
 from celery_workflow.events import Event, EventType
+from celery_workflow.rpc import GetRunParams, Methods
 from celery_workflow.runtime import continuation
 from celery_workflow.runtime.context import NotInWorkflow
 from celery_workflow.runtime.continuation import successor_id
@@ -87,9 +87,9 @@ def test_a_run_hands_over_and_result_follows_the_chain(wf: Workflows) -> None:
     with pytest.raises(NotFound):
         wf.world.get_run("counter~3")
     # the RPC answer names the successor too, so HTTP clients follow the chain
-    answer = _Methods(wf).get_run(GetRunParams(run_id="counter"))
+    answer = Methods(wf).get_run(GetRunParams(run_id="counter"))
     assert answer["run"]["continued_as"] == "counter~1"
-    assert "continued_as" not in _Methods(wf).get_run(GetRunParams(run_id="counter~2"))["run"]
+    assert "continued_as" not in Methods(wf).get_run(GetRunParams(run_id="counter~2"))["run"]
 
 
 def _last_of_chain(wf: Workflows, run_id: str) -> Any:
