@@ -11,6 +11,10 @@ For each system it prints p50/p90/p99 latency and the CPU time per run of each p
 ``/proc/<pid>/task/*/schedstat`` (nanoseconds on a CPU, every thread): the client (this process), the worker's
 main process, its pool child, and the data store's server processes (every ``postgres`` process; ``redis-server``).
 What a durable run costs beyond a task is where the two columns differ.
+
+By default the runs follow each other back to back, so each starts while the worker that ran the previous one is
+still finishing it (its ack, its pool's bookkeeping). ``--gap MS`` has the client wait that long before each start
+(for both systems, outside the measured time): a request arriving at an idle worker, as most do below saturation.
 """
 
 from __future__ import annotations
@@ -74,12 +78,16 @@ class System:
             "server": sum(cpu_ns(p) for p in named(self.server)),
         }
 
-    def block(self, runs: int, warmup: int = 3) -> None:
+    def block(self, runs: int, warmup: int = 3, gap: float = 0.0) -> None:
+        """``runs`` runs one after the other (``gap`` seconds apart: the client waits that long before each start,
+        outside the measured time)."""
         for _ in range(warmup):
             self.call()
         before = self.sample()
         block = []
         for _ in range(runs):
+            if gap:
+                time.sleep(gap)
             t0 = time.perf_counter()
             self.call()
             block.append(time.perf_counter() - t0)
@@ -137,6 +145,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--block", type=int, default=50, help="runs of one system before the other's turn")
     p.add_argument("--pool", default="prefork", choices=["prefork", "solo", "threads"])
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="milliseconds the client waits before each start, for both systems (default 0: back to back, each run"
+        " starting while the previous one's worker finishes; with a gap each starts on a quiet pair of processes)",
+    )
     args = p.parse_args(argv)
     logdir = Path(tempfile.mkdtemp(prefix="cw-bench-latency-"))
     sys.path.insert(0, str(ROOT))
@@ -173,11 +188,11 @@ def main(argv: list[str]) -> int:
                 s.cpu = dict.fromkeys(PARTS, 0)
             for _ in range(args.rounds):
                 for s in systems:
-                    s.block(args.block)
+                    s.block(args.block, gap=args.gap / 1000)
         cw_app.wf.close()
     print(
-        f"{args.rounds} rounds of {args.block} runs each, alternating; {args.pool} pool, one process; CPU from"
-        " /proc/<pid>/task/*/schedstat\n"
+        f"{args.rounds} rounds of {args.block} runs each, alternating; {args.pool} pool, one process;"
+        f" {'back to back' if not args.gap else f'{args.gap:g} ms between runs'}; CPU from /proc/<pid>/task/*/schedstat\n"
     )
     print(report(systems))
     print(f"\n(worker logs: {logdir})")
