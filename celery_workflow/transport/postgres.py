@@ -206,12 +206,20 @@ class Channel(StoreChannel):
             self._wake()
 
     def basic_cancel(self, consumer_tag: Any) -> Any:
-        """Cancel as every store channel does, then withdraw a standing claim on the queue left (also when the
-        channel closes: closing cancels each consumer)."""
+        """Cancel as every store channel does, then withdraw a standing claim on the queue left (a closing channel
+        does that once, after cancelling all its consumers: see :meth:`close`)."""
         try:
             return super().basic_cancel(consumer_tag)
         finally:
             transport = self.connection
+            if transport is not None and not self.closed:
+                transport.withdraw_unconsumed()
+
+    def close(self) -> None:
+        transport = self.connection  # None once closed (close_channel forgets it)
+        try:
+            super().close()
+        finally:
             if transport is not None:
                 transport.withdraw_unconsumed()
 

@@ -473,3 +473,26 @@ def test_a_channel_closed_under_a_standing_claim_withdraws_it(
     assert standing_rows(pg_admin, pg_schema)[0][1] is False
     Producer(connect().channel()).publish({"n": 2}, routing_key="closed-channel")
     assert handed(conn.transport.pg_queue, "closed-channel") == [(0, False)]
+
+
+def test_a_channel_closing_while_the_database_is_away_tries_its_withdrawal_once(
+    connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each attempt waits out the database's retries: closing a channel of several consumers makes one, not one per
+    consumer (and the claim stays live for the next attempt)."""
+    conn = connect()
+    channel = conn.channel()
+    for name in ("away-a", "away-b", "away-c"):
+        Consumer(channel, [Queue(name)], callbacks=[collector([])], accept=["json"]).consume()
+    idle(conn)
+    assert conn.transport.standing.live is not None
+    attempts: list[str] = []
+
+    def unavailable(token: str, **kwargs: Any) -> None:
+        attempts.append(token)
+        raise WorldError("the database is away")
+
+    monkeypatch.setattr(conn.transport.pg_queue, "withdraw", unavailable)
+    channel.close()
+    assert len(attempts) == 1
+    assert conn.transport.standing.live is not None
