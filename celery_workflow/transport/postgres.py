@@ -216,6 +216,8 @@ class Channel(StoreChannel):
                 transport.withdraw_unconsumed()
 
     def close(self) -> None:
+        """Close as every store channel does (each consumer cancelled), then withdraw a standing claim on the queues
+        left, once: with the database away, each attempt waits out its retries."""
         transport = self.connection  # None once closed (close_channel forgets it)
         try:
             super().close()
