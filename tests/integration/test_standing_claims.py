@@ -66,6 +66,11 @@ def spy_claims(monkeypatch: pytest.MonkeyPatch, store: PostgresQueue) -> list[st
     return spy_calls(monkeypatch, store, {"poll": "poll", "claim_notified": "notified"})
 
 
+def consuming(channel: Any, queue: str, received: list[Any], *, ack: bool = True) -> Consumer:
+    """A JSON consumer of ``queue`` on ``channel`` that records each message in ``received`` (see ``collector``)."""
+    return Consumer(channel, [Queue(queue)], callbacks=[collector(received, ack=ack)], accept=["json"])
+
+
 def idle(conn: Connection) -> None:
     """Let the consumer look at its queues, find nothing and wait (it registers its standing claim)."""
     with pytest.raises(TimeoutError):
@@ -96,7 +101,7 @@ def test_an_idle_consumer_is_handed_a_published_message_without_claiming_it(
     got: list[Any] = []
     channel = conn.channel()
     channel.basic_qos(0, 1, False)
-    with Consumer(channel, [Queue("handed")], callbacks=[collector(got, ack=False)], accept=["json"]):
+    with consuming(channel, "handed", got, ack=False):
         idle(conn)
         assert [r[:3] for r in standing_rows(pg_admin, pg_schema)] == [(["handed"], True, None)]
         claims.clear()
@@ -128,7 +133,7 @@ def test_the_ack_that_frees_room_registers_the_claim_the_next_message_is_handed_
     channel = conn.channel()
     channel.basic_qos(0, 1, False)
     producer = Producer(connect().channel())
-    with Consumer(channel, [Queue("serial")], callbacks=[collector(got, ack=False)], accept=["json"]):
+    with consuming(channel, "serial", got, ack=False):
         idle(conn)
         claims = spy_claims(monkeypatch, store)
         for n in range(1, 4):
@@ -147,7 +152,7 @@ def test_a_hand_off_whose_notification_never_arrives_is_released_and_claimed_by_
     conn = connect()
     store = conn.transport.pg_queue
     got: list[Any] = []
-    with Consumer(conn.channel(), [Queue("lost")], callbacks=[collector(got)], accept=["json"]):
+    with consuming(conn.channel(), "lost", got):
         idle(conn)
         monkeypatch.setattr(conn.transport.standing, "take", lambda: None)  # its notification is lost
         claims = spy_claims(monkeypatch, store)
@@ -167,8 +172,8 @@ def test_two_idle_consumers_are_handed_one_message_each_the_longest_waiting_firs
     got: dict[str, list[Any]] = {"first": [], "second": []}
     producer = Producer(connect().channel())
     with (
-        Consumer(first.channel(), [Queue("shared")], callbacks=[collector(got["first"], ack=False)], accept=["json"]),
-        Consumer(second.channel(), [Queue("shared")], callbacks=[collector(got["second"], ack=False)], accept=["json"]),
+        consuming(first.channel(), "shared", got["first"], ack=False),
+        consuming(second.channel(), "shared", got["second"], ack=False),
     ):
         idle(first)
         idle(second)
@@ -191,7 +196,7 @@ def test_messages_a_notification_cannot_carry_are_stored_and_announced_as_before
     conn = connect()
     store = conn.transport.pg_queue
     got: list[Any] = []
-    with Consumer(conn.channel(), [Queue("plain")], callbacks=[collector(got)], accept=["json"]):
+    with consuming(conn.channel(), "plain", got):
         idle(conn)
         claims = spy_claims(monkeypatch, store)
         big = {"blob": "x" * HANDOFF_MAX}
@@ -209,7 +214,7 @@ def test_a_closing_consumer_releases_a_message_handed_to_it_that_it_never_delive
     connect: Callable[..., Connection], pg_admin: psycopg.Connection[Any], pg_schema: str
 ) -> None:
     closing, other = connect(), connect()
-    with Consumer(closing.channel(), [Queue("orphan")], callbacks=[collector([])], accept=["json"]):
+    with consuming(closing.channel(), "orphan", []):
         idle(closing)
         Producer(connect().channel()).publish({"n": 1}, routing_key="orphan")
         assert handed(closing.transport.pg_queue, "orphan") == [(1, True)]
@@ -217,7 +222,7 @@ def test_a_closing_consumer_releases_a_message_handed_to_it_that_it_never_delive
     assert handed(other.transport.pg_queue, "orphan") == [(0, False)]  # as if never claimed
     assert standing_rows(pg_admin, pg_schema) == []  # the closed consumer's row is gone
     got: list[Any] = []
-    with Consumer(other.channel(), [Queue("orphan")], callbacks=[collector(got)], accept=["json"]):
+    with consuming(other.channel(), "orphan", got):
         drain(other, lambda: len(got) == 1)
     assert got[0][1].delivery_info["redelivered"] is False
 
@@ -228,14 +233,14 @@ def test_a_stopping_worker_and_a_cancelled_consumer_withdraw_their_claims(
     conn = connect()
     producer = Producer(connect().channel())
     store = conn.transport.pg_queue
-    with Consumer(conn.channel(), [Queue("stopping")], callbacks=[collector([])], accept=["json"]):
+    with consuming(conn.channel(), "stopping", []):
         idle(conn)
         conn.transport.stopping()  # what drain_events calls once Celery's worker is asked to stop
         assert standing_rows(pg_admin, pg_schema)[0][1] is False
         producer.publish({"n": 1}, routing_key="stopping")
         assert handed(store, "stopping") == [(0, False)]
         store.purge("stopping")
-    consumer = Consumer(conn.channel(), [Queue("cancelled")], callbacks=[collector([])], accept=["json"])
+    consumer = consuming(conn.channel(), "cancelled", [])
     consumer.consume()
     idle(conn)
     assert standing_rows(pg_admin, pg_schema)[0][:2] == (["cancelled"], True)
@@ -322,7 +327,7 @@ def test_a_consumer_killed_while_its_claim_stands_loses_no_message(
     conn = connect()
     got: list[Any] = []
     Producer(connect().channel()).publish({"n": 1}, routing_key="killed")
-    with Consumer(conn.channel(), [Queue("killed")], callbacks=[collector(got)], accept=["json"]):
+    with consuming(conn.channel(), "killed", got):
         drain(conn, lambda: len(got) == 1)  # at once: not handed to the dead consumer's claim, not 60 s later
     assert got[0][1].delivery_info["cw_attempts"] == 1
 
@@ -332,7 +337,7 @@ def test_a_new_run_hands_its_first_delivery_to_an_idle_worker_and_a_repeated_sta
 ) -> None:
     conn = connect()
     got: list[Any] = []
-    with Consumer(conn.channel(), [Queue("runs")], callbacks=[collector(got, ack=False)], accept=["json"]):
+    with consuming(conn.channel(), "runs", got, ack=False):
         idle(conn)
         payload = json.dumps(  # a Kombu message as the World stores it
             {
@@ -360,7 +365,7 @@ def test_an_idle_consumer_looking_again_leaves_its_claim_unwritten(
 ) -> None:
     """Its periodic looks (every polling interval) write nothing: an idle worker keeps the WAL quiet."""
     conn = connect(polling_interval=0.05)
-    with Consumer(conn.channel(), [Queue("quiet")], callbacks=[collector([])], accept=["json"]):
+    with consuming(conn.channel(), "quiet", []):
         idle(conn)
         version = pg_admin.execute(f'SELECT xmin::text FROM "{pg_schema}".celery_workflow_standing_claims').fetchone()
         polls = spy_claims(pytest.MonkeyPatch(), conn.transport.pg_queue)
@@ -379,7 +384,7 @@ def test_a_delayed_message_falling_due_is_claimed_and_the_standing_claim_withdra
     channel = conn.channel()
     channel.basic_qos(0, 1, False)
     producer = Producer(connect().channel())
-    with Consumer(channel, [Queue("later")], callbacks=[collector(got, ack=False)], accept=["json"]):
+    with consuming(channel, "later", got, ack=False):
         producer.publish({"n": 1}, routing_key="later", not_before=time.time() + 1.0)  # not due now: never handed over
         idle(conn)
         assert standing_rows(pg_admin, pg_schema)[0][1:3] == (True, None)
@@ -404,7 +409,7 @@ def test_an_ack_registers_no_claim_while_the_consumer_saw_a_backlog(
     producer = Producer(connect().channel())
     for n in (1, 2):
         producer.publish({"n": n}, routing_key="backlog")
-    with Consumer(channel, [Queue("backlog")], callbacks=[collector(got, ack=False)], accept=["json"]):
+    with consuming(channel, "backlog", got, ack=False):
         drain(conn, lambda: len(got) == 1)
         got[0][1].ack()
         assert standing_rows(pg_admin, pg_schema) == []
@@ -422,7 +427,7 @@ def test_a_withdrawal_that_fails_leaves_the_claim_live_to_be_withdrawn_again(
     """The database still offers the claim: the consumer must not forget it (a message handed to it would wait for
     its lease), so its next claim withdraws it again."""
     conn = connect()
-    with Consumer(conn.channel(), [Queue("retry")], callbacks=[collector([])], accept=["json"]):
+    with consuming(conn.channel(), "retry", []):
         idle(conn)
         standing = conn.transport.standing
         live = standing.live
@@ -449,7 +454,7 @@ def test_a_cancelled_consumer_that_drains_no_more_is_handed_nothing(
     conn = connect()
     producer = Producer(connect().channel())
     store = conn.transport.pg_queue
-    with Consumer(conn.channel(), [Queue("left")], callbacks=[collector([])], accept=["json"]):
+    with consuming(conn.channel(), "left", []):
         idle(conn)
         assert standing_rows(pg_admin, pg_schema)[0][:2] == (["left"], True)
     assert standing_rows(pg_admin, pg_schema)[0][1] is False  # no drain_events since the cancel
@@ -465,7 +470,7 @@ def test_a_channel_closed_under_a_standing_claim_withdraws_it(
 ) -> None:
     conn = connect()
     channel = conn.channel()
-    consumer = Consumer(channel, [Queue("closed-channel")], callbacks=[collector([])], accept=["json"])
+    consumer = consuming(channel, "closed-channel", [])
     consumer.consume()
     idle(conn)
     assert standing_rows(pg_admin, pg_schema)[0][:2] == (["closed-channel"], True)
@@ -483,7 +488,7 @@ def test_a_channel_closing_while_the_database_is_away_tries_its_withdrawal_once(
     conn = connect()
     channel = conn.channel()
     for name in ("away-a", "away-b", "away-c"):
-        Consumer(channel, [Queue(name)], callbacks=[collector([])], accept=["json"]).consume()
+        consuming(channel, name, []).consume()
     idle(conn)
     assert conn.transport.standing.live is not None
     attempts: list[str] = []
