@@ -485,7 +485,7 @@ class RedisStore:
         while not self._stop.is_set():
             pubsub: Any = None
             try:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
                 pubsub.subscribe(self._key("changes"))
                 self._bump()  # (re)connected: something may have been missed
                 delay = 0.1
