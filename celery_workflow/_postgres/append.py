@@ -52,7 +52,6 @@ from celery_workflow._postgres.rows import (
     RUN,
     TABLE,
     TOKEN_LOCK_SPACE,
-    end_notice,
     event_row,
     insert_sql,
     token_lock_keys,
@@ -213,13 +212,14 @@ class PgAppend:
         known: Known | None = None,
     ) -> None:
         """Queue the plan's writes, the deliveries, the ack and the run-end notification."""
-        record = write_plan(script, plan, request.write_id, stale_tokens, known)
+        write_plan(script, plan, request.write_id, stale_tokens, known)
         queue = self.world.store
         queue.add_inserts(script, request.deliveries)
         if request.ack is not None:
             queue.add_delete_claim(script, request.ack)
         if plan.run_ended:
-            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (end_notice(plan.run, record),))
+            # the run id alone: any role that can connect may LISTEN, so a notification carries no data
+            script.add(f"SELECT {notify_sql(CHANNEL_RUNS)}", (plan.run.run_id,))
 
 
 #: The run's row, written first by every batch (the UPDATE locks it). Without the run (deleted by the retention sweep

@@ -66,9 +66,11 @@ class Listener:
     """One ``LISTEN`` connection and a thread that counts notifications per (channel, key).
 
     A payload's first line is its key (a queue name, a run id, a stream's key, a standing claim's token); what follows
-    it, if anything, is kept as the last thing carried for that key (:meth:`carried`; a run's end carries the run's
-    record, a hand-off its message), for the :data:`_MAX_CARRIED` keys heard last among those this process marked:
-    what is carried for keys nobody here waits on (other consumers' hand-offs) is not kept.
+    it, if anything, is kept as the last thing carried for that key (:meth:`carried`; a queue's notification may carry
+    the row id of the message it announces, a hand-off its claim's serial and row id), for the :data:`_MAX_CARRIED`
+    keys heard last among those this process marked: what is carried for keys nobody here waits on (other consumers'
+    hand-offs) is not kept. Payloads are ids and tokens, never data: any role that can connect to the database may
+    LISTEN on these channels (their names are predictable), so no run input or output and no message is sent.
 
     A channel is listened on from its first :meth:`mark` on (that call waits until the server listens on it, so a
     notification sent after the mark returned is heard).

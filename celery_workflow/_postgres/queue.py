@@ -64,7 +64,7 @@ from celery_workflow._postgres.broker_state import BrokerState
 from celery_workflow._postgres.listener import CHANNEL_QUEUE
 from celery_workflow._postgres.queue_base import Conn, at, utc
 from celery_workflow._postgres.script import Script
-from celery_workflow._postgres.standing import Registration, can_hand_off
+from celery_workflow._postgres.standing import Registration
 from celery_workflow.dead_letters import DeadLetter, cut_error
 from celery_workflow.errors import DeadLetterNotFound
 from celery_workflow.ids import to_utc
@@ -116,7 +116,7 @@ class PostgresQueue(BrokerState):
                     run_id=d.run_id,
                     key=d.idempotency_key,
                     due=None if d.not_before is None else to_utc(d.not_before),
-                    handoff=hand_off and can_hand_off(d.payload, d.queue, d.run_id),
+                    handoff=hand_off,
                     **extra,
                 ),
             )
@@ -321,7 +321,7 @@ class PostgresQueue(BrokerState):
             run_id=run_id,
             key=idempotency_key,
             due=at(not_before),
-            handoff=idempotency_key is None and can_hand_off(payload, queue, run_id),
+            handoff=idempotency_key is None,
         )
         return len(rows) == 1
 
@@ -409,6 +409,13 @@ class PostgresQueue(BrokerState):
             before=() if withdraw is None else stmt.WITHDRAWAL, token=withdraw,
         )  # fmt: skip
         return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def fetch_handed(self, token: str, serial: int, row_id: int) -> ClaimedDelivery | None:
+        """The message handed to the standing claim ``token`` of ``serial`` (row ``row_id``, as its notification
+        named it), while it is still that claim's and leased as the hand-off left it; None otherwise. One read by
+        key, no write (see ``queue_sql.FETCH_HANDED``)."""
+        rows = self._rows("fetch a handed-off message", stmt.FETCH_HANDED, token=token, serial=serial, id=row_id)
+        return claimed(rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
 
     def withdraw(self, token: str, *, release: bool = True, forget: bool = False) -> None:
         """End the standing claim ``token`` (see :mod:`.standing`): no longer offered; ``release``: a message handed

@@ -95,22 +95,20 @@ SELECT {NOTIFY} FROM ins
 INSERT_WHEN_ALONE = INSERT_WHEN.replace(f"SELECT {NOTIFY} FROM ins", f"SELECT {NOTIFY_ROW} FROM ins")
 
 
-# What a handed-over message's notification says (keyed by the claim's token) and a plain one's (NOTIFY_ROW).
-NOTIFY_HANDED = notify_sql(
-    CHANNEL_QUEUE,
-    "w.token || E'\\n' || w.serial || E'\\n' || ins.queue || E'\\n' || ins.id || E'\\n'"
-    " || COALESCE(ins.run_id, '') || E'\\n' || convert_from(ins.payload, 'UTF8')",
-)
+# What a handed-over message's notification says (keyed by the claim's token: the claim's serial and the row id,
+# which the consumer fetches with FETCH_HANDED) and a plain one's (NOTIFY_ROW). Notifications carry ids and tokens,
+# never a message: any role that can connect to the database may LISTEN on the channel.
+NOTIFY_HANDED = notify_sql(CHANNEL_QUEUE, "w.token || E'\\n' || w.serial || E'\\n' || ins.id")
 NOTIFY_INSERTED = notify_sql(CHANNEL_QUEUE, "CASE WHEN ins.due THEN ins.queue || E'\\n' || ins.id ELSE ins.queue END")
 
 # The insert of one message that may be handed to an idle consumer's standing claim (see
-# celery_workflow._postgres.standing), when ``%(handoff)s`` (the producer found the message small enough for a
-# notification to carry and free to skip deduplication) and the message is due now. ``w`` takes the oldest standing
+# celery_workflow._postgres.standing), when ``%(handoff)s`` (the message is free to skip deduplication: it has no
+# idempotency key, or it is the first of a new run) and it is due now. ``w`` takes the oldest standing
 # claim of the queue that is unassigned and whose consumer is alive (it holds its advisory lock: a shared lock on it
 # cannot be taken), locked so no other producer takes it too. The message is then inserted leased to that consumer
 # (its lease, attempts 1, no idempotency key: as a claim leaves it), the claim records the row, and the notification
-# is keyed by the claim's token and carries what the consumer needs to deliver it: the claim's serial, the queue, the
-# row id, the run id and the message. Without a claim it is the plain insert, announced as INSERT_WHEN_ALONE does.
+# is keyed by the claim's token and names the claim's serial and the row, which the consumer then fetches by its key
+# (FETCH_HANDED). Without a claim it is the plain insert, announced as INSERT_WHEN_ALONE does.
 INSERT_HANDOFF = f"""
 WITH t AS (
     SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now
@@ -130,7 +128,7 @@ WITH t AS (
     FROM t LEFT JOIN w ON true
     WHERE {{when}}
     {{conflict}}
-    RETURNING queue, id, run_id, payload, not_before <= created_at AS due, lease_until IS NOT NULL AS handed
+    RETURNING queue, id, not_before <= created_at AS due, lease_until IS NOT NULL AS handed
 ), a AS (
     UPDATE {STANDING} AS s SET assigned_id = ins.id FROM ins, w WHERE s.token = w.token AND ins.handed
 )
@@ -323,5 +321,12 @@ SELECT {NOTIFY} FROM r
 #: What withdraws a claim before (or instead of) its consumer's next claim, in one round trip.
 WITHDRAWAL = (WITHDRAW, RELEASE_HANDED)
 FORGET_STANDING = f"DELETE FROM {STANDING} WHERE token = %(token)s"
+# The message handed to a standing claim, which its notification named (the claim's serial and the row id): read by
+# its key, only while it is the claim's and still leased as the hand-off left it (attempts 1; a withdrawal releases it
+# to attempts 0, a claim after its lease ran out makes it 2).
+FETCH_HANDED = f"""
+SELECT q.id, q.queue, q.payload, q.attempts, q.run_id FROM {Q} AS q JOIN {STANDING} AS s ON s.assigned_id = q.id
+WHERE s.token = %(token)s AND s.serial = %(serial)s AND q.id = %(id)s AND q.attempts = 1 AND q.lease_until IS NOT NULL
+"""
 # Standing claims of processes that are gone (nobody holds their lock).
 DEAD_STANDING = f"DELETE FROM {STANDING} WHERE pg_try_advisory_xact_lock_shared({ALIVE_LOCK}, lock_key)"

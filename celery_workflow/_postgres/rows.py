@@ -8,9 +8,7 @@ events and stream chunks one call wrote, so a retry after a lost answer recognis
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -18,7 +16,7 @@ from typing import Any
 from celery_workflow._backend.records import EVENT_COLUMNS, RecordCodec, world_tables
 from celery_workflow.events import Event
 
-__all__ = ["CODEC", "COLUMNS", "END_NOTICE_LIMIT", "TABLES", "end_notice", "ended_run"]
+__all__ = ["CODEC", "COLUMNS", "TABLES"]
 
 #: The World's tables as the code expects them (the migration test compares the migrated catalog with this).
 TABLES = world_tables(
@@ -80,39 +78,3 @@ def update_sql(table: str, columns: Sequence[str], key: Sequence[str]) -> str:
     return (
         f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in columns)} WHERE {' AND '.join(f'{k} = %s' for k in key)}"
     )
-
-
-#: The longest payload a run's end NOTIFY carries with the run's view (every listening process receives every run's
-#: end: a larger view is left to a read). Postgres refuses payloads of 8000 bytes or more.
-END_NOTICE_LIMIT = 1024
-
-
-def end_notice(view: Any, record: dict[str, Any] | None = None) -> str:
-    """The payload of a run's end NOTIFY: the run id, then (when it fits :data:`END_NOTICE_LIMIT`) a line with the
-    run's stored record (``record``, when the caller has it already), so that a waiter need not read the run
-    (:func:`ended_run`)."""
-    if record is None:
-        record = CODEC.record("runs", view)
-    line = json.dumps({column: _tagged(value) for column, value in record.items()}, separators=(",", ":"))
-    notice = f"{view.run_id}\n{line}"
-    return notice if len(notice.encode()) <= END_NOTICE_LIMIT else str(view.run_id)
-
-
-def ended_run(carried: str) -> Any:
-    """The run view a run's end NOTIFY carried (the line after the run id, see :func:`end_notice`)."""
-    return CODEC.run({column: _untagged(value) for column, value in json.loads(carried).items()})
-
-
-def _tagged(value: Any) -> Any:
-    """A stored value as JSON: bytes and times tagged (the other values are text, numbers or null)."""
-    if isinstance(value, bytes):
-        return {"b": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, datetime):
-        return {"t": value.isoformat()}
-    return value
-
-
-def _untagged(value: Any) -> Any:
-    if isinstance(value, dict):
-        return base64.b64decode(value["b"]) if "b" in value else datetime.fromisoformat(value["t"])
-    return value

@@ -4,10 +4,11 @@ A consumer of the Postgres transport that polled its queues and found nothing to
 (table ``celery_workflow_standing_claims``, migration ``0006``): its token, the queues it consumes (acknowledged
 ones), its lease and a serial. An insert of one message due now (:data:`~.queue_sql.INSERT_HANDOFF`) takes the
 oldest such claim of its queue, in the same statement, and stores the message already leased to that consumer
-(attempts 1), as a claim would have; its notification is keyed by the claim's token and carries the message. The
-consumer, woken by that notification alone, delivers it without a round trip: the claim's query, the wake-up of
-every other consumer of the queue and the race between them are gone from the path from a producer's commit to a
-running task.
+(attempts 1), as a claim would have; its notification is keyed by the claim's token and names the claim's serial and
+the message's row id, nothing more (any role that can connect may LISTEN on the channel: notifications carry ids,
+never data). The consumer, woken by that notification alone, reads the row by its key (:data:`~.queue_sql.FETCH_HANDED`,
+one read, no write): the claim's update, the wake-up of every other consumer of the queue and the race between them
+are gone from the path from a producer's commit to a running task.
 
 Rules that keep every message delivered:
 
@@ -31,9 +32,12 @@ Rules that keep every message delivered:
   there (it cannot while the consumer's connection lives). A consumer killed while registered is passed over at
   once, and garbage collection deletes its claim. Only the rare message handed over in the moment before a kill is
   delivered again when its lease (the consumer's) runs out, as for any message a killed worker held.
-* **Only what a notification can carry**: ASCII (any server encoding takes it), no NUL, at most
-  :data:`HANDOFF_MAX` bytes. Larger messages, messages with an idempotency key to deduplicate against a pending one
-  (``put``), delayed ones and inserts of several messages at once are stored and announced as before.
+* **Messages free to skip deduplication, due now, inserted alone.** Messages with an idempotency key to deduplicate
+  against a pending one (``put``), delayed ones and inserts of several messages at once are stored and announced as
+  before.
+* **Fetched only while still the claim's**: the read checks that the claim of that serial holds the row and that the
+  row is leased as the hand-off left it; otherwise (released, or claimed again after its lease ran out) the consumer
+  polls as usual.
 """
 
 from __future__ import annotations
@@ -43,23 +47,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery_workflow._backend.broker import claimed
 from celery_workflow.world import ClaimedDelivery
 
 if TYPE_CHECKING:
     from celery_workflow._postgres.queue import PostgresQueue
 
-__all__ = ["HANDOFF_MAX", "Registration", "StandingClaim", "can_hand_off", "parse_handoff"]
-
-#: The most bytes of message and queue name a hand-off's notification carries (Postgres refuses notification
-#: payloads of 8000 bytes or more; the rest is the token, serial, row id and run id).
-HANDOFF_MAX = 7_600
-
-
-def can_hand_off(payload: bytes, queue: str, run_id: str | None) -> bool:
-    """Whether a notification can carry this message to a standing claim (see the module docstring)."""
-    size = len(payload) + len(queue) + len(run_id or "")
-    return size <= HANDOFF_MAX and payload.isascii() and b"\0" not in payload and queue.isascii()
+__all__ = ["Registration", "StandingClaim", "parse_handoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,21 +70,20 @@ class Registration:
         return {"token": self.token, "standing": list(self.queues), "serial": self.serial, "lock_key": self.lock_key}
 
 
-def parse_handoff(carried: str, serial: int) -> ClaimedDelivery | None:
-    """The message a hand-off notification carried (``serial\\nqueue\\nid\\nrun_id\\nmessage``) to the claim of
-    ``serial``; None for one of an earlier claim of the same consumer, or anything else."""
-    parts = carried.split("\n", 4)
-    if len(parts) != 5 or parts[0] != str(serial) or not parts[2].isdigit():
+def parse_handoff(carried: str, serial: int) -> int | None:
+    """The row id a hand-off notification named (``serial\\nid`` after the claim's token) to the claim of ``serial``;
+    None for one of an earlier claim of the same consumer, or anything else."""
+    parts = carried.split("\n")
+    if len(parts) != 2 or parts[0] != str(serial) or not parts[1].isdigit():
         return None
-    _, queue, row_id, run_id, payload = parts
-    return claimed(int(row_id), queue, payload.encode("ascii"), 1, run_id or None)
+    return int(parts[1])
 
 
 class StandingClaim:
     """A consuming connection's standing claims, one at a time (the transport's side of the protocol).
 
     :meth:`offer` makes the registration a poll (or an ack) carries; :meth:`registered` records that it was made;
-    :meth:`take` delivers what was handed to it; :meth:`withdrawal` / :meth:`withdrawn` end it in the round trip of
+    :meth:`take` fetches what was handed to it; :meth:`withdrawal` / :meth:`withdrawn` end it in the round trip of
     another claim, :meth:`withdraw` on its own. The transport serialises the calls (its consumer thread, and the
     threads that ack).
     """
@@ -121,14 +113,17 @@ class StandingClaim:
         self._live = registration
 
     def take(self) -> ClaimedDelivery | None:
-        """The message handed to the live registration, if its notification has arrived (the claim is used up)."""
+        """The message handed to the live registration, if its notification has arrived: read by its row id (the
+        claim is used up, whether the row is still the claim's or not; a failed read leaves it live, to withdraw)."""
         live = self._live
         if live is None:
             return None
         carried = self.store.carried(self.token)
-        handed = None if carried is None else parse_handoff(carried, live.serial)
-        if handed is not None:
-            self._live = None
+        row_id = None if carried is None else parse_handoff(carried, live.serial)
+        if row_id is None:
+            return None
+        handed = self.store.fetch_handed(live.token, live.serial, row_id)
+        self._live = None
         return handed
 
     def withdrawal(self) -> str | None:

@@ -71,7 +71,6 @@ from celery_workflow._postgres.rows import (
     RUN,
     STEP,
     WAIT,
-    ended_run,
     event_row,
     insert_sql,
 )
@@ -339,8 +338,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             if known is not None:
                 view, known = known[1], None
                 return view
-            carried = listener.carried(CHANNEL_RUNS, run_id)  # the run's end NOTIFY carries its record, if small
-            return self.get_run(run_id) if carried is None else ended_run(carried)
+            return self.get_run(run_id)  # the run's end NOTIFY carries its id alone (no data to any listener)
 
         return wait_until(
             read,

@@ -22,9 +22,10 @@ Features
   (one ``LISTEN`` connection per process) wakes for its own queues only, and re-checks at least every
   ``polling_interval``, so delayed rows that become due and lost notifications cost at most that long.
 * Hand-offs: a consumer that found nothing to claim leaves a standing claim on its queues, and a message published
-  while it waits (due now, without an idempotency key, small enough for a notification) is stored already leased to
-  it and sent to it in the notification itself: it is delivered with no query and no other consumer is woken (see
-  :mod:`celery_workflow._postgres.standing`; transport option ``hand_off``).
+  while it waits (due now, without an idempotency key) is stored already leased to it and named to it by a
+  notification keyed by its claim (ids only: notifications never carry a message); it reads the row by its key, with
+  no claim, and no other consumer is woken (see :mod:`celery_workflow._postgres.standing`; transport option
+  ``hand_off``).
 * Reconnection: transactions are retried on lost connections (a restarted server, terminated backends) and the
   listener reconnects by itself; what still fails raises a connection error, so Celery reconnects.
 
@@ -279,11 +280,11 @@ class Transport(StoreTransport):
         return self.pg_queue.change_token([*queues, self._wake_key, self.standing.token])
 
     def _claim(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
-        """The message handed to this consumer's standing claim, when its notification came; else claim the row a
-        notification announced by its key when :meth:`_notified_row` finds one; else (or when another consumer had
-        it) poll the queues, registering a standing claim on them when the poll finds nothing. A live standing claim
-        is withdrawn in the round trip of whichever claim comes first, unless nothing was announced since the last
-        look (:meth:`_standing_holds`)."""
+        """The message handed to this consumer's standing claim, when its notification came (read by its key);
+        else claim the row a notification announced by its key when :meth:`_notified_row` finds one; else (or when
+        another consumer had it) poll the queues, registering a standing claim on them when the poll finds nothing.
+        A live standing claim is withdrawn in the round trip of whichever claim comes first, unless nothing was
+        announced since the last look (:meth:`_standing_holds`)."""
         with self._standing_lock:
             return self._claim_standing(queues, no_ack)
 

@@ -21,7 +21,6 @@ from kombu import Connection, Consumer, Producer, Queue
 
 from celery_workflow._postgres.listener import ALIVE_LOCK
 from celery_workflow._postgres.queue import PostgresQueue
-from celery_workflow._postgres.standing import HANDOFF_MAX
 from celery_workflow.errors import WorldError
 from celery_workflow.testing._conformance import eventually
 from celery_workflow.transport.postgres import close_store
@@ -189,25 +188,38 @@ def test_two_idle_consumers_are_handed_one_message_each_the_longest_waiting_firs
             received[0][1].ack()
 
 
-def test_messages_a_notification_cannot_carry_are_stored_and_announced_as_before(
-    connect: Callable[..., Connection], monkeypatch: pytest.MonkeyPatch, world: PostgresWorld
+def test_any_message_free_of_deduplication_is_handed_off_whatever_its_size_or_bytes(
+    connect: Callable[..., Connection],
+    monkeypatch: pytest.MonkeyPatch,
+    world: PostgresWorld,
+    pg_admin: psycopg.Connection[Any],
+    pg_schema: str,
 ) -> None:
-    """Too large, not ASCII, or deduplicated by an idempotency key: stored unleased, claimed as any message."""
+    """The notification names the row (the consumer reads it by its key), so a large message or one that is not
+    ASCII is handed off too; one with an idempotency key to deduplicate against a pending one is stored unleased
+    and announced as before."""
     conn = connect()
     store = conn.transport.pg_queue
     got: list[Any] = []
-    with consuming(conn.channel(), "plain", got):
+    with consuming(conn.channel(), "plain", got, ack=False):
         idle(conn)
         claims = spy_claims(monkeypatch, store)
-        big = {"blob": "x" * HANDOFF_MAX}
+        big = {"blob": "x" * 20_000, "s": "é"}
         Producer(connect().channel()).publish(big, routing_key="plain")
-        assert handed(world.store, "plain") == [(0, False)]
         drain(conn, lambda: len(got) == 1)
-        assert got[0][0] == big and claims == ["notified"]
+        assert got[0][0] == big and claims == []  # read by its key, no claim ran
+        ((token, serial, row_id),) = pg_admin.execute(
+            f'SELECT token, serial, assigned_id FROM "{pg_schema}".celery_workflow_standing_claims'
+        ).fetchall()
+        fetched = store.fetch_handed(token, serial, row_id)
+        assert fetched is not None and fetched.payload == store.peek(["plain"])[0].payload
+        assert store.fetch_handed(token, serial + 1, row_id) is None  # only the claim of that serial's
+        assert store.fetch_handed("celery_workflow.standing:another", serial, row_id) is None
+        got[0][1].ack()
+        assert store.fetch_handed(token, serial, row_id) is None  # gone
         idle(conn)
-        world.store.put("plain", json.dumps({"s": "é"}, ensure_ascii=False).encode())
         world.store.put("plain", b"{}", run_id="r", idempotency_key="k")
-        assert handed(world.store, "plain") == [(0, False), (0, False)]
+        assert handed(world.store, "plain") == [(0, False)]
 
 
 def test_a_closing_consumer_releases_a_message_handed_to_it_that_it_never_delivered(
