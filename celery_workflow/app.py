@@ -30,7 +30,6 @@ from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
-from celery_workflow.runtime.opening import HEADER as OPENING_HEADER
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, Upkeep, World, open_world
@@ -63,8 +62,6 @@ class TaskMessage:
     name: str
     id: str
     args: list[Any]
-    #: what a new run's first delivery carries (``celery_workflow.runtime.opening``), else None
-    opening: Any = None
 
 
 def decode_message(payload: bytes) -> TaskMessage:
@@ -77,9 +74,7 @@ def decode_message(payload: bytes) -> TaskMessage:
         if (message.get("properties") or {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         args, _kwargs, _embed = json.loads(body)
-        return TaskMessage(
-            name=str(headers["task"]), id=str(headers["id"]), args=list(args), opening=headers.get(OPENING_HEADER)
-        )
+        return TaskMessage(name=str(headers["task"]), id=str(headers["id"]), args=list(args))
     except (KeyError, TypeError, ValueError) as exc:
         raise PayloadError(f"not a Celery task message: {exc}") from exc
 
@@ -98,7 +93,6 @@ class CeleryDispatcher:
         *,
         not_before: datetime | None,
         idempotency_key: str,
-        opening: Mapping[str, Any] | None = None,
     ) -> Delivery:
         payload = build_message(
             self.celery_app,
@@ -108,7 +102,6 @@ class CeleryDispatcher:
             queue=queue,
             task_id=new_delivery_id(),
             not_before=not_before,
-            headers=None if opening is None else {OPENING_HEADER: opening},
         )
         return Delivery(queue, payload, run_id, not_before, idempotency_key)
 
@@ -388,9 +381,10 @@ class Workflows:
 
         def run_workflow(task: Any, run_id: str) -> str:
             claim = _claim(task)
-            opening = getattr(task.request, OPENING_HEADER, None)
             try:
-                return runtime.handle_workflow(run_id, delivery_id=str(task.request.id), claim=claim, opening=opening)
+                return runtime.handle_workflow(
+                    run_id, delivery_id=str(task.request.id), claim=claim, workflow_name=wdef.name
+                )
             except Exception as exc:
                 self._put_back(claim, exc)
                 raise
@@ -404,7 +398,9 @@ class Workflows:
         def run_step(task: Any, run_id: str, step_id: str) -> str:
             claim = _claim(task)
             try:
-                return runtime.handle_step(run_id, step_id, delivery_id=str(task.request.id), claim=claim)
+                return runtime.handle_step(
+                    run_id, step_id, delivery_id=str(task.request.id), claim=claim, step_name=sdef.name
+                )
             except Exception as exc:
                 self._put_back(claim, exc)
                 raise
@@ -462,10 +458,20 @@ class Workflows:
         task = decode_message(payload)
         if task.name.startswith(WORKFLOW_TASK_PREFIX) and len(task.args) == 1:
             return self.runtime.handle_workflow(
-                str(task.args[0]), delivery_id=task.id, claim=claim, inline_until=inline_until, opening=task.opening
+                str(task.args[0]),
+                delivery_id=task.id,
+                claim=claim,
+                inline_until=inline_until,
+                workflow_name=task.name.removeprefix(WORKFLOW_TASK_PREFIX),
             )
         if task.name.startswith(STEP_TASK_PREFIX) and len(task.args) == 2:
-            return self.runtime.handle_step(str(task.args[0]), str(task.args[1]), delivery_id=task.id, claim=claim)
+            return self.runtime.handle_step(
+                str(task.args[0]),
+                str(task.args[1]),
+                delivery_id=task.id,
+                claim=claim,
+                step_name=task.name.removeprefix(STEP_TASK_PREFIX),
+            )
         raise ConfigurationError(f"task {task.name!r} is not a workflow or step delivery; it needs a Celery worker")
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:

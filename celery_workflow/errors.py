@@ -23,6 +23,7 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     │   └── TooEarly                a step's retry delay has not passed (425)
     ├── WorkflowNotFound            no workflow registered under that name
     ├── DeadLetterNotFound          no dead letter with that id
+    ├── InvalidCursor               a list_runs cursor that no listing returned (also a ValueError)
     ├── DeadLettered                a run's delivery was moved to the dead letters (the cause of its failure)
     ├── ReplayDivergence            the event log does not match the workflow code
     ├── HookConflict                a hook's token is owned by another live hook
@@ -173,6 +174,10 @@ class DeadLetterNotFound(CeleryWorkflowError, LookupError):
     """No dead letter has that id (it was redriven or purged, or never existed)."""
 
 
+class InvalidCursor(CeleryWorkflowError, ValueError):
+    """The cursor was not returned by a listing of runs."""
+
+
 class DeadLettered(CeleryWorkflowError):
     """A delivery of the run was moved to the dead letters: no consumer could process it."""
 
@@ -185,7 +190,8 @@ class HookConflict(CeleryWorkflowError):
     """The hook's token is owned by another live hook."""
 
     def __init__(self, message: str | None = None, *, token: str = "", conflicting_run_id: str | None = None) -> None:
-        super().__init__(message or f"hook token {token!r} is owned by run {conflicting_run_id}")
+        # the default message names no token (it may be recorded as a run's error, which readers see without it)
+        super().__init__(message or f"the hook's token is owned by run {conflicting_run_id}")
         self.token = token
         self.conflicting_run_id = conflicting_run_id
 

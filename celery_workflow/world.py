@@ -196,12 +196,7 @@ class Upkeep(Protocol):
 
 @runtime_checkable
 class World(Protocol):
-    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe.
-
-    Optional: ``assume_new_run(run: RunView) -> None``, a hint that ``run`` was just created and nothing has happened
-    to it (the runtime passes it when a first delivery's opening stands in for reading the run); a World that plans
-    appends on cached state may keep it as a guess its writes check (the Postgres World does).
-    """
+    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe."""
 
     #: Longest time a waiter sleeps between checks when nothing wakes it.
     poll_interval: float
@@ -261,7 +256,8 @@ class World(Protocol):
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[RunView]:
-        """Runs, newest first (by run id, descending)."""
+        """Runs, newest first: by creation time, descending (ties by run id, descending). ``cursor``: the page's
+        cursor of the previous page (InvalidCursor for anything else)."""
         ...
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:

@@ -246,13 +246,6 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         self.snapshots.put(snapshot)
         return snapshot.run, log
 
-    def assume_new_run(self, run: RunView) -> None:
-        """A hint from the runtime: ``run`` was just created and nothing has happened to it yet (a first delivery's
-        opening, :mod:`celery_workflow.runtime.opening`). Kept as the run's snapshot unless one is kept already, so
-        its first append is one round trip; like every kept snapshot it is a guess the events' primary key checks."""
-        if run.status is RunStatus.PENDING and run.event_count == 1 and self.snapshots.get(run.run_id) is None:
-            self.snapshots.put(rules.Snapshot(run))
-
     def list_runs(
         self,
         *,

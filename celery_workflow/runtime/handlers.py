@@ -29,6 +29,7 @@ from celery_workflow.errors import (
     EventTooLarge,
     HookNotFound,
     NotFound,
+    PayloadError,
     PayloadTooLarge,
     ReplayDivergence,
     RunTerminal,
@@ -40,10 +41,9 @@ from celery_workflow.errors import (
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
 from celery_workflow.runtime import continuation, steps
-from celery_workflow.runtime import opening as opening_mod
 from celery_workflow.runtime.context import WebhookRequest, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef
-from celery_workflow.runtime.replay import Outcome, Replay, Restart
+from celery_workflow.runtime.replay import Outcome, Refused, Replay, Restart, WorldFault
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 
 log = logging.getLogger("celery_workflow")
@@ -66,10 +66,7 @@ class Dispatcher(Protocol):
         *,
         not_before: datetime | None,
         idempotency_key: str,
-        opening: Mapping[str, Any] | None = None,
-    ) -> Delivery:
-        """``opening``: what a new run's first delivery carries (:mod:`.opening`), in the message's headers."""
-        ...
+    ) -> Delivery: ...
 
     def step_delivery(
         self, run_id: str, workflow_name: str, step_name: str, step_id: str, queue: str, *, not_before: datetime | None
@@ -148,14 +145,7 @@ class Runtime:
         codec.check_size(data_input, self.max_payload, f"the input of workflow {workflow_name}")
         queue = self.queue_for(workflow_name)
         new = NewRun(rid, workflow_name, data_input, queue)
-        first = self.dispatcher.workflow_delivery(
-            rid,
-            workflow_name,
-            queue,
-            not_before=None,
-            idempotency_key="wake",
-            opening=opening_mod.opening_of(new, self.clock()),
-        )
+        first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
         return self.world.create_run(new, [first])
 
     def resume_hook(self, token: str, payload: Any) -> HookView:
@@ -232,7 +222,7 @@ class Runtime:
         delivery_id: str,
         claim: Claim | None = None,
         inline_until: float | None = None,
-        opening: Any = None,
+        workflow_name: str | None = None,
     ) -> str:
         """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests).
 
@@ -240,24 +230,32 @@ class Runtime:
         says how many times the delivery was received, and its receipt lets the last write delete the delivery in
         the same transaction; the writes before it are not made durable one by one (``World.append(durable=...)``).
         ``inline_until`` (a ``time.monotonic()`` deadline, e.g. half a Lambda invocation's time): past it, steps are
-        queued as their own deliveries instead of run inline, as past ``inline_budget``. ``opening``: what a new run's
-        first delivery carries (:mod:`.opening`): the first replay starts from it instead of reading the log.
+        queued as their own deliveries instead of run inline, as past ``inline_budget``. ``workflow_name``: the
+        workflow the delivery's task names; a delivery naming another workflow than the run's is dropped.
+
+        The run is always read from the World first: nothing the message carries decides which code runs with which
+        input, and a run cancelled before its delivery arrives runs no step. A World error (unavailable, throttled,
+        a driver error) is raised to the caller, whatever the workflow's code does: the delivery is retried with
+        backoff and the run is untouched. A write the World refuses as malformed fails the run at once.
         """
         attempt = claim.attempts if claim is not None else 1
         receipt = claim.receipt if claim is not None else None
         started = time.monotonic()
-        carried = opening_mod.opened(run_id, opening) if opening is not None else None
-        if carried is not None:
-            assume = getattr(self.world, "assume_new_run", None)  # optional World hint (see World)
-            if assume is not None:
-                assume(carried[0])
         for _ in range(MAX_RESTARTS):
             try:
-                run, events = carried if carried is not None else self.world.get_run_with_events(run_id)
+                run, events = self.world.get_run_with_events(run_id)
             except NotFound:
                 log.warning("delivery %s: run %s does not exist; dropping it", delivery_id, run_id)
                 return "missing"
-            speculative, carried = carried is not None, None
+            if workflow_name is not None and workflow_name != run.workflow_name:
+                log.warning(
+                    "delivery %s names workflow %r, but run %s is a run of %r; dropping it",
+                    delivery_id,
+                    workflow_name,
+                    run_id,
+                    run.workflow_name,
+                )
+                return "mismatch"
             if run.status.terminal:
                 return "ended"
             predecessor = continuation.predecessor_of(events[0]) if run.status is RunStatus.PENDING else None
@@ -271,12 +269,7 @@ class Runtime:
                         self.cancel(run_id, f"its predecessor {predecessor} ended without handing over to it")
                     return "ended"
             wdef = self.registry.workflow(run.workflow_name)
-            # a run read from the World, or carried by a delivery received for the first time, is as the replay
-            # sees it; a carried run redelivered may have moved since (see _WorkflowEffects.may_hold_start)
-            known = not speculative or (claim is not None and claim.attempts == 1)
-            effects = _WorkflowEffects(
-                self, run, delivery_id, started, receipt, inline_until=inline_until, run_known=known
-            )
+            effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
             replay = Replay(
                 run=run,
                 wdef=wdef,
@@ -294,22 +287,32 @@ class Runtime:
                 continue
             except _Stop:
                 return "ended"
-            except NotFound:
-                if not speculative:
-                    raise
-                continue  # the run the opening stood for is gone: read, and drop the delivery
+            except WorldFault as fault:
+                raise fault.error  # noqa: B904 - its own cause is the driver's error
         raise WorldError(f"run {run_id}: the event log kept moving under {MAX_RESTARTS} replays")
 
     def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
-        if outcome.kind == "completed":
-            try:
-                replay.write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
-            except EventTooLarge as exc:
+        """Write what ``outcome`` means; a write the World refuses as malformed fails the run with the cause instead
+        (the same write would be refused again: retrying it would only end in the dead letters)."""
+        try:
+            return self._settle(run, replay, outcome, attempt)
+        except Refused as refused:
+            exc = refused.error
+            if outcome.kind == "completed" and isinstance(exc, EventTooLarge):
                 # checked against max_payload already; a World whose views hold more than one value (the run's
-                # input beside its output) may still refuse it: fail the run with the cause rather than retry forever
-                error = steps.error_info(PayloadTooLarge(f"the output of run {run.run_id} was refused: {exc.message}"))
-                replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": error})], final=True)
-                return "failed"
+                # input beside its output) may still refuse it
+                exc = PayloadTooLarge(f"the output of run {run.run_id} was refused: {exc.message}")
+            log.error("run %s: the World refused its write (%s); failing the run", run.run_id, exc)
+            replay.discard()
+            try:
+                replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": steps.error_info(exc)})], final=True)
+            except Refused as again:
+                raise again.error from exc
+            return "failed"
+
+    def _settle(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
+        if outcome.kind == "completed":
+            replay.write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
             return "completed"
         if outcome.kind == "failed":
             replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)
@@ -373,10 +376,20 @@ class Runtime:
 
     # -- step deliveries -------------------------------------------------------------------------------------------
 
-    def handle_step(self, run_id: str, step_id: str, *, delivery_id: str, claim: Claim | None = None) -> str:
+    def handle_step(
+        self,
+        run_id: str,
+        step_id: str,
+        *,
+        delivery_id: str,
+        claim: Claim | None = None,
+        step_name: str | None = None,
+    ) -> str:
         """Run one attempt of a queued step, record its outcome, and wake the workflow (or schedule the retry).
 
-        ``claim``: as for :meth:`handle_workflow` (its receipt acks the delivery with the step's outcome)."""
+        ``claim``: as for :meth:`handle_workflow` (its receipt acks the delivery with the step's outcome).
+        ``step_name``: the step the delivery's task names; a delivery naming another step than the one recorded is
+        dropped. The step runs with the input the World recorded, never one the message carries."""
         receipt = claim.receipt if claim is not None else None
         try:
             run = self.world.get_run(run_id)
@@ -384,6 +397,16 @@ class Runtime:
         except NotFound:
             log.warning("delivery %s: step %s of run %s does not exist; dropping it", delivery_id, step_id, run_id)
             return "missing"
+        if step_name is not None and step_name != step.step_name:
+            log.warning(
+                "delivery %s names step %r, but step %s of run %s is %r; dropping it",
+                delivery_id,
+                step_name,
+                step_id,
+                run_id,
+                step.step_name,
+            )
+            return "mismatch"
         sdef = self.registry.step(step.step_name)
         if step.status.terminal:
             self.world.enqueue([self.wake_delivery(run)])
@@ -438,6 +461,8 @@ class Runtime:
             return "ended"
         except EntityTerminal:
             return "done"
+        except (EventInvalid, PayloadError) as exc:
+            return self._refused_step(run, step_id, exc, receipt)
         return "retrying"
 
     def _record_step(self, run: RunView, step_id: str, event: NewEvent, receipt: str | None) -> str:
@@ -446,7 +471,18 @@ class Runtime:
         except EntityTerminal:
             self.world.enqueue([self.wake_delivery(run)])
             return "duplicate"
+        except (EventInvalid, PayloadError) as exc:
+            if event.event_type is EventType.STEP_FAILED:
+                raise  # the failure itself was refused: the delivery is retried, then dead-lettered
+            return self._refused_step(run, step_id, exc, receipt)
         return "completed" if event.event_type is EventType.STEP_COMPLETED else "failed"
+
+    def _refused_step(self, run: RunView, step_id: str, exc: Exception, receipt: str | None) -> str:
+        """The World refused an attempt's outcome as malformed (a result it cannot store): the step fails at once
+        with that cause, as a result over ``max_payload`` does, instead of being retried into the dead letters."""
+        log.error("run %s: the World refused the outcome of step %s (%s); failing the step", run.run_id, step_id, exc)
+        failed = NewEvent(EventType.STEP_FAILED, step_id, {"error": steps.error_info(exc)})
+        return self._record_step(run, step_id, failed, receipt)
 
 
 class _WorkflowEffects:
@@ -461,7 +497,6 @@ class _WorkflowEffects:
         receipt: str | None,
         *,
         inline_until: float | None = None,
-        run_known: bool = False,
     ) -> None:
         self.runtime = runtime
         self.run = run
@@ -470,7 +505,6 @@ class _WorkflowEffects:
         self.receipt = receipt
         self.inline_until = inline_until
         self.defer_writes = not runtime.every_write_durable
-        self.run_known = run_known
         self.replay: Replay | None = None
 
     def append(
@@ -513,7 +547,7 @@ class _WorkflowEffects:
             owner_run = world.get_run(owner.run_id)
             world.append(
                 owner.run_id,
-                [NewEvent(EventType.HOOK_DISPOSED, owner.hook_id, {"taken_by": self.run.run_id, "token": token})],
+                [NewEvent(EventType.HOOK_DISPOSED, owner.hook_id, {"taken_by": self.run.run_id})],
                 deliveries=[self.runtime.wake_delivery(owner_run)],
             )
         except (NotFound, RunTerminal, EntityTerminal):
@@ -545,12 +579,9 @@ class _WorkflowEffects:
             self.runtime.inline_seconds[sdef.name] = time.monotonic() - began
 
     def may_hold_start(self, sdef: StepDef) -> bool:
-        """A new run's first step may start unwritten when the run is as this replay sees it (read from the World,
-        or carried by a delivery received for the first time: a carried run redelivered may have moved on, and its
-        first write, conditional on the carried count, is what keeps a finished step from running again) and the
-        step's body took less than :data:`HOLD_START_BELOW` the last time it ran here. A step not seen yet, or a
-        slow one, is started in the World first, so a run in a long step shows as running."""
-        if not self.run_known:
-            return False
+        """A new run's first step may start unwritten (the run was read from the World just now, pending: no other
+        delivery of it exists) when the step's body took less than :data:`HOLD_START_BELOW` the last time it ran
+        here. A step not seen yet, or a slow one, is started in the World first, so a run in a long step shows as
+        running."""
         last = self.runtime.inline_seconds.get(sdef.name)
         return last is not None and last < HOLD_START_BELOW

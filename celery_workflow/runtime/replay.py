@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from random import Random
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from celery_workflow import codec
-from celery_workflow.errors import HookConflict, PayloadError, StepFailed
+from celery_workflow.errors import EventInvalid, HookConflict, PayloadError, StepFailed, WorldError
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
 from celery_workflow.runtime import context, steps
@@ -35,6 +36,8 @@ from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowM
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
 from celery_workflow.world import DEFAULT_MAX_PAYLOAD, Delivery
+
+T = TypeVar("T")
 
 #: How often a forced hook claim takes its token over before it gives up (each time another run claimed it first).
 MAX_TAKEOVERS = 3
@@ -57,6 +60,37 @@ class Suspend(BaseException):
 
 class Restart(BaseException):
     """The log moved under this replay (another writer appended): reload it and replay from the top."""
+
+
+class WorldFault(BaseException):
+    """The World failed under this replay (unavailable, throttled, a driver error): not the workflow's outcome.
+
+    A ``BaseException``, so a workflow's ``except Exception`` cannot catch it (nor see it as a step's failure): the
+    handler re-raises :attr:`error` and the delivery is retried with backoff, the run untouched."""
+
+    def __init__(self, error: WorldError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Refused(BaseException):
+    """The World refused a write of this replay as malformed (:class:`EventInvalid`, a value it cannot store): the
+    same write would be refused again, so the run fails at once with :attr:`error` as its cause (no retries)."""
+
+    def __init__(self, error: EventInvalid | PayloadError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def guarded(call: Callable[[], T]) -> T:
+    """Run a World call made under a replay, turning its infrastructure errors into :class:`WorldFault` and its
+    refusals of bad data into :class:`Refused`, neither of which the workflow's code can catch."""
+    try:
+        return call()
+    except WorldError as exc:
+        raise WorldFault(exc) from exc
+    except (EventInvalid, PayloadError) as exc:
+        raise Refused(exc) from exc
 
 
 class _Diverged(BaseException):
@@ -228,17 +262,23 @@ class Replay:
         batch = [*self.deferred, *self.pending, *extra]
         dels = [*self.pending_deliveries, *deliveries]
         try:
-            written = self.effects.append(batch, dels, conditional=True, final=final)
+            written = guarded(lambda: self.effects.append(batch, dels, conditional=True, final=final))
         except Restart:
-            # a step that started unwritten (a held start) has no step_started in the log to record a result on
-            unwritten = {ev.correlation_id for ev in self.deferred if ev.event_type is EventType.STEP_STARTED}
-            results = [
-                ev
-                for ev in self.deferred
-                if ev.event_type is EventType.STEP_COMPLETED and ev.correlation_id not in unwritten
-            ]
+            results = self._results()
             if results:
-                self.effects.append(results, [], conditional=False)
+                guarded(lambda: self.effects.append(results, [], conditional=False))
+            raise
+        except WorldFault:
+            # the delivery will be retried: keep the results of the steps that ran, if the World takes them now
+            # (a World that stays down takes nothing, and those steps run again, as after a crash)
+            results = self._results()
+            if results:
+                try:
+                    self.effects.append(results, [], conditional=False)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException:  # best effort: the error the write met is the one raised
+                    pass
             raise
         self.deferred.clear()
         self.pending.clear()
@@ -247,11 +287,31 @@ class Replay:
         self._observe(written)
         return written
 
+    def _results(self) -> list[NewEvent]:
+        """The deferred results of steps whose start is in the log (a step that started unwritten, a held start, has
+        no ``step_started`` to record a result on)."""
+        unwritten = {ev.correlation_id for ev in self.deferred if ev.event_type is EventType.STEP_STARTED}
+        return [
+            ev
+            for ev in self.deferred
+            if ev.event_type is EventType.STEP_COMPLETED and ev.correlation_id not in unwritten
+        ]
+
+    def discard(self) -> None:
+        """Forget everything this replay meant to write (the World refused it as malformed): what is written next
+        is only the run's failure."""
+        self.deferred.clear()
+        self.pending.clear()
+        self.pending_deliveries.clear()
+        self.inline_new.clear()
+        self.open_waits.clear()
+
     def _write_now(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
         """Write at the next slot whatever the count (terminal step events: protected by the one-terminal rule)."""
         if any(ev.event_type is EventType.RUN_STARTED for ev in self.deferred):
             self.write([])  # a run's start goes first, conditionally
-        written = self.effects.append([*self.deferred, *extra], list(deliveries), conditional=False)
+        batch = [*self.deferred, *extra]
+        written = guarded(lambda: self.effects.append(batch, list(deliveries), conditional=False))
         self.deferred.clear()
         self._absorb(written)
         self._observe(written)
@@ -287,6 +347,9 @@ class Replay:
                 return Outcome("continued", output=successor_input)
             except _Diverged as exc:
                 return Outcome("diverged", error={"type": "ReplayDivergence", "message": exc.message})
+            except Refused as refused:
+                self.discard()
+                return Outcome("failed", error=error_info(refused.error))
             except Exception as exc:
                 self._check_consumed()
                 return Outcome("failed", error=error_info(exc))
@@ -399,7 +462,7 @@ class Replay:
         crash_loop = steps.exceeded_starts(sdef, cid, attempt)
         if crash_loop is not None:
             return self._consume_terminal(self._write_now([crash_loop])[-1], hint)
-        outcome = self.effects.execute_step(sdef, cid, data_input, attempt, started_at)
+        outcome = guarded(lambda: self.effects.execute_step(sdef, cid, data_input, attempt, started_at))
         event, when = steps.record(sdef, cid, outcome, attempt, self.effects.wall_now())
         if event.event_type is EventType.STEP_COMPLETED and self.effects.defer_writes:
             self.deferred.append(event)  # written with the next write; the clock moves then
@@ -479,6 +542,10 @@ class Replay:
         options: Mapping[str, Any] | None = None,
         force: bool = False,
     ) -> tuple[str, str, Mapping[str, Any]]:
+        if token is not None and not (isinstance(token, str) and token):
+            # raised where the workflow asks, so its cause is plain (the World would refuse the creation later)
+            got = "an empty string" if isinstance(token, str) else type(token).__name__
+            raise EventInvalid(f"a hook token must be a non-empty string, not {got}")
         cid = self._next_id("hook")
         ev = self._match(cid)
 
@@ -524,7 +591,7 @@ class Replay:
             if not self._of(successor, EventType.HOOK_CONFLICT):
                 pending = any(ev.correlation_id == successor for ev in self.pending)
                 if take and not pending:
-                    self.effects.take_token(str(data["token"]))
+                    guarded(partial(self.effects.take_token, str(data["token"])))
                     self.pending.append(NewEvent(EventType.HOOK_CREATED, successor, data))
                 return successor if take or pending else current
             current = successor
@@ -545,9 +612,13 @@ class Replay:
             taken_by = ev.data.get("taken_by")
             if taken_by:  # another run's forced claim took the token (see Effects.take_token)
                 self._advance(ev)
-                token = str(ev.data.get("token", ""))
+                created = self._of(cid, EventType.HOOK_CREATED)
+                token = str(created[0].data.get("token", "")) if created else ""
+                # the message names no token: it is recorded as the run's error where it fails the run
                 raise HookConflict(
-                    f"hook token {token!r} was taken over by run {taken_by}", token=token, conflicting_run_id=taken_by
+                    f"the token of hook {cid} was taken over by run {taken_by}",
+                    token=token,
+                    conflicting_run_id=taken_by,
                 )
         raise Suspend()
 

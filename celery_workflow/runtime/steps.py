@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_workflow import codec
-from celery_workflow.errors import FatalError, PayloadError, RetryableError
+from celery_workflow.errors import FatalError, PayloadError, RetryableError, WorldError
 from celery_workflow.events import EventType, NewEvent
 from celery_workflow.ids import isoformat
 from celery_workflow.runtime import context
@@ -67,7 +67,9 @@ def execute(
     attempt: int,
     started_at: datetime,
 ) -> StepOutcome:
-    """Run the step body once in a step context. User exceptions become outcomes; BaseExceptions propagate.
+    """Run the step body once in a step context. User exceptions become outcomes; BaseExceptions propagate, and so
+    do World errors (a stream write that found the World unavailable): they are not the step's outcome; the delivery
+    is retried with backoff and the step started again, as after a worker crash.
 
     A result the World cannot store (over its ``max_payload``) is a fatal :class:`PayloadTooLarge` outcome, checked
     here before anything is appended: the same code would return the same size, so it is not retried.
@@ -88,6 +90,8 @@ def execute(
         return StepOutcome(ok=False, error=error_info(exc), retry_after=exc.retry_after)
     except PayloadError as exc:
         return StepOutcome(ok=False, error=error_info(exc), fatal=True)
+    except WorldError:
+        raise
     except Exception as exc:
         return StepOutcome(ok=False, error=error_info(exc))
     finally:

@@ -496,42 +496,6 @@ def test_a_run_created_while_listening_is_waited_for_without_a_first_look(pg_url
         other.close()
 
 
-def test_a_new_run_assumed_fresh_takes_its_first_append_in_one_round_trip(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The runtime's hint for a first delivery's opening: one round trip for the first append; a wrong guess (the run
-    was cancelled meanwhile) is caught by the events' primary key and the append is refused as it should be."""
-    from celery_workflow._postgres.script import Script
-
-    world = PostgresWorld.open(pg_url)
-    try:
-        sends: list[int] = []
-        original = Script.send
-
-        def counting(self: Script) -> Any:
-            sends.append(len(self))
-            return original(self)
-
-        monkeypatch.setattr(Script, "send", counting)
-        fresh = _new_run(world, started=False)
-        world.assume_new_run(world.get_run(fresh))
-        world.snapshots.forget(fresh)
-        world.assume_new_run(world.get_run(fresh))
-        sends.clear()
-        world.append(fresh, [NewEvent(EventType.RUN_STARTED)])
-        assert len(sends) == 1  # no reads under the lock first
-        moved = _new_run(world, started=False)
-        view = world.get_run(moved)
-        world.append(moved, [NewEvent(EventType.RUN_CANCELLED)])
-        world.snapshots.forget(moved)
-        world.assume_new_run(view)  # stale: slot 2 is taken
-        with pytest.raises(StaleLog):  # the runtime then reads the log and replays again
-            world.append(moved, [NewEvent(EventType.RUN_STARTED)], expected_count=1)
-        assert world.get_run(moved).status is RunStatus.CANCELLED
-    finally:
-        world.close()
-
-
 def test_read_stream_wakes_on_a_notify_from_another_world(pg_url: str) -> None:
     reader = PostgresWorld.open(pg_url, poll_interval=30.0)
     writer = PostgresWorld.open(pg_url)

@@ -1,5 +1,5 @@
 """A new run's first quick inline step starts unwritten: its creation and start ride with the delivery's next write,
-beside the run's start, and nothing else changes (the owner rule, stale openings, slow steps, failures, a run that
+beside the run's start, and nothing else changes (the owner rule, redeliveries, slow steps, failures, a run that
 moved meanwhile)."""
 
 from __future__ import annotations
@@ -133,9 +133,9 @@ def test_every_write_durable_holds_nothing() -> None:
         wf.close()
 
 
-def test_a_redelivered_opening_is_not_trusted_to_hold(wf: Workflows, worker: LocalWorker) -> None:
-    """The first delivery completed the run, but its ack was lost: the same message comes again, its opening stale.
-    Its first write, conditional on the opening's count, is refused before the step runs again."""
+def test_a_redelivered_first_delivery_runs_nothing_again(wf: Workflows, worker: LocalWorker) -> None:
+    """The first delivery completed the run, but its ack was lost: the same message comes again. It reads the run,
+    finds it ended, and runs no step."""
     once, _, calls = _flows(wf)
     worker.run_until_complete(once.start(1))
     run = once.start(2)
@@ -187,7 +187,6 @@ def test_a_log_moved_under_a_held_step_replays_without_recording_its_result(wf: 
     run = once.start(2)
     target["run"] = run.id
     _, claim = _first(wf, run.id)
-    # without the opening: the run is read from the World, as after a restart or from a World carrying none
     assert wf.runtime.handle_workflow(run.id, delivery_id="d", claim=claim) == "completed"
     assert calls == [1, 2, 2] and run.result() == 3
     assert [e.event_type for e in run.events()][1:] == [
