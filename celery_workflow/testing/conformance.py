@@ -24,7 +24,9 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
   :class:`StepRulesConformance`, :class:`HookRulesConformance`, :class:`WaitRulesConformance`);
 * the queue (:class:`QueueConformance`): due times, leases, stale receipts, idempotency keys, queue names;
 * streams, blocking waits and concurrent writers (:class:`StreamConformance`, :class:`WaitForTerminalConformance`,
-  :class:`ConcurrencyConformance`).
+  :class:`ConcurrencyConformance`);
+* workflows under World faults (:class:`FaultConformance`): a World error at any call is retried, never the run's
+  outcome; a write refused as malformed fails its run or step at once.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
 deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
@@ -46,6 +48,7 @@ from celery_workflow.testing.conformance_concurrency import (
     StreamConformance,
     WaitForTerminalConformance,
 )
+from celery_workflow.testing.conformance_faults import FaultConformance
 from celery_workflow.testing.conformance_queue import QueueConformance
 from celery_workflow.testing.conformance_rules import (
     HookRulesConformance,
@@ -58,6 +61,7 @@ from celery_workflow.testing.conformance_storage import StorageConformance
 __all__ = [
     "ConcurrencyConformance",
     "Conformance",
+    "FaultConformance",
     "HookRulesConformance",
     "QueueConformance",
     "RunRulesConformance",
@@ -81,5 +85,6 @@ class WorldConformance(
     StreamConformance,
     WaitForTerminalConformance,
     ConcurrencyConformance,
+    FaultConformance,
 ):
     """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""

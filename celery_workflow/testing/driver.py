@@ -40,10 +40,20 @@ def failure_backoff(attempts: int) -> float:
 class LocalWorker:
     """Claims and handles deliveries of a :class:`Workflows` in this process."""
 
-    def __init__(self, workflows: Workflows, queues: Sequence[str] | None = None, *, lease: float = 30.0) -> None:
+    def __init__(
+        self,
+        workflows: Workflows,
+        queues: Sequence[str] | None = None,
+        *,
+        lease: float = 30.0,
+        backoff: Callable[[int], float] = failure_backoff,
+    ) -> None:
+        """``backoff``: how long a failed delivery waits before it is due again, by its attempts so far (the
+        transport's doubling delay by default; tests of failures may pass a shorter one)."""
         self.workflows = workflows
         self.world = workflows.world
         self.lease = lease
+        self.backoff = backoff
         self.queues = list(queues) if queues is not None else self._all_queues()
         self.handled: list[tuple[Task, str]] = []  # (task, what the handler returned)
         self.failures: list[tuple[Task, BaseException]] = []
@@ -62,9 +72,7 @@ class LocalWorker:
             outcome = self.workflows.handle_delivery(claimed.payload, Claim(claimed.receipt, claimed.attempts))
         except Exception as exc:
             self.failures.append((task, exc))
-            self.world.retry_later(
-                claimed.receipt, failure_backoff(claimed.attempts), error=f"{type(exc).__name__}: {exc}"
-            )
+            self.world.retry_later(claimed.receipt, self.backoff(claimed.attempts), error=f"{type(exc).__name__}: {exc}")
             return "error"
         self.world.ack(claimed.receipt)
         self.handled.append((task, outcome))
