@@ -1,10 +1,14 @@
 """DynamoDB calls with the AWS World's error mapping (not part of the public API).
 
+* A transaction cancelled for contention (``TransactionConflict``: another writer on one of its items) or throttling
+  wrote nothing and is sent again after a jittered pause, a few times (:data:`CONTENTION_TRIES`).
 * Throttling, service errors and unreachable endpoints (after botocore's own retries) are
   :class:`~celery_workflow.errors.WorldUnavailable`: nothing was written that the caller does not know about, and the
   HTTP edge answers 503.
 * An item over DynamoDB's size limit is :class:`~celery_workflow.errors.EventTooLarge` (an ``EventInvalid``: the
   HTTP edge answers 413).
+* A request refused as malformed (``ValidationException``) is :class:`~celery_workflow.errors.EventInvalid`: bad
+  data is refused again if retried.
 * A missing table says how to create it; any other client error is a :class:`~celery_workflow.errors.WorldError`.
 * A transaction cancelled by a failed condition is :class:`Cancelled`, with the reason of each action, for the caller
   to decide (a stale snapshot, a token someone else owns); a single write whose condition failed is
@@ -22,7 +26,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-from celery_workflow.errors import EventTooLarge, WorldError, WorldUnavailable
+from celery_workflow.errors import EventInvalid, EventTooLarge, WorldError, WorldUnavailable
 
 __all__ = ["Cancelled", "ConditionFailed", "Table"]
 
@@ -41,6 +45,22 @@ UNAVAILABLE = frozenset(
         "TransactionInProgressException",
     }
 )
+#: Cancellation reasons of a transaction that mean the same (DynamoDB names them without "Exception"), and
+#: ``TransactionConflict``: another transaction touched one of its items at the same time.
+UNAVAILABLE_REASONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict"})
+
+
+#: How often a transaction cancelled for contention is sent in all, and the first pause's upper bound (seconds).
+CONTENTION_TRIES = 5
+CONTENTION_PAUSE = 0.01
+
+
+def _contended(exc: ClientError) -> bool:
+    """Whether DynamoDB cancelled a transaction for contention or throttling (nothing written; worth a retry)."""
+    if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+        return False
+    reasons = [r.get("Code") or "None" for r in exc.response.get("CancellationReasons", [])]
+    return any(r in UNAVAILABLE_REASONS for r in reasons)
 
 
 class Cancelled(Exception):
@@ -72,14 +92,24 @@ class Table:
         self.name = name
 
     def call(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
-        try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            raise self.error(what, exc) from exc
-        except (ConnectionError, HTTPClientError) as exc:
-            raise WorldUnavailable(f"DynamoDB {what}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise WorldError(f"DynamoDB {what}: {exc}") from exc
+        """``fn(**kwargs)`` with the World's error mapping. A transaction cancelled for contention (another writer on
+        one of its items, throttling: it wrote nothing) is tried again after a jittered, doubling pause, up to
+        :data:`CONTENTION_TRIES` times, before it is WorldUnavailable."""
+        pause = CONTENTION_PAUSE
+        for attempt in range(1, CONTENTION_TRIES + 1):
+            try:
+                return fn(**kwargs)
+            except ClientError as exc:
+                if attempt < CONTENTION_TRIES and _contended(exc):
+                    time.sleep(random.uniform(0.0, pause))
+                    pause *= 2
+                    continue
+                raise self.error(what, exc) from exc
+            except (ConnectionError, HTTPClientError) as exc:
+                raise WorldUnavailable(f"DynamoDB {what}: {exc}") from exc
+            except BotoCoreError as exc:
+                raise WorldError(f"DynamoDB {what}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover - the last attempt returns or raises
 
     def error(self, what: str, exc: ClientError) -> Exception:
         code = exc.response.get("Error", {}).get("Code", "")
@@ -89,17 +119,22 @@ class Table:
             cancelled = Cancelled(reasons)
             if cancelled.only_conditions and cancelled.conditions_failed:
                 return cancelled
-            if any(r in UNAVAILABLE or r == "TransactionConflict" for r in reasons):
+            if any(r in UNAVAILABLE or r in UNAVAILABLE_REASONS for r in reasons):
                 return WorldUnavailable(f"DynamoDB {what}: transaction cancelled ({', '.join(reasons)})")
-            if any(r == "ValidationError" for r in reasons) and "size" in message.lower():
-                return EventTooLarge(f"DynamoDB {what}: an item exceeds 400 KB ({message})")
+            if any(r == "ValidationError" for r in reasons):
+                if "size" in message.lower():
+                    return EventTooLarge(f"DynamoDB {what}: an item exceeds 400 KB ({message})")
+                return EventInvalid(f"DynamoDB {what}: refused as malformed ({message})")
             return WorldError(f"DynamoDB {what}: transaction cancelled ({', '.join(reasons)}): {message}")
         if code == "ConditionalCheckFailedException":
             return ConditionFailed(f"DynamoDB {what}: the condition did not hold")
         if code in UNAVAILABLE:
             return WorldUnavailable(f"DynamoDB {what}: {code}: {message}")
-        if code == "ValidationException" and "size" in message.lower():
-            return EventTooLarge(f"DynamoDB {what}: an item exceeds 400 KB ({message})")
+        if code == "ValidationException":
+            # a request DynamoDB refuses as malformed is refused again if retried: bad data, not an outage
+            if "size" in message.lower():
+                return EventTooLarge(f"DynamoDB {what}: an item exceeds 400 KB ({message})")
+            return EventInvalid(f"DynamoDB {what}: refused as malformed ({message})")
         if code == "ResourceNotFoundException":
             return WorldError(
                 f"DynamoDB {what}: table {self.name} not found ({message}); create it with"

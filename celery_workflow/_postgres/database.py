@@ -44,7 +44,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from celery_workflow._backend.migrations import check_version, migrations
 from celery_workflow._postgres.listener import Listener
 from celery_workflow._postgres.script import no_auto_prepare
-from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
+from celery_workflow.errors import ConfigurationError, EventInvalid, WorldError, WorldUnavailable
 
 log = logging.getLogger("celery_workflow.postgres")
 
@@ -211,6 +211,10 @@ class PgDatabase:
                         with conn.transaction():
                             return fn(conn)
                     return _autocommit(conn, fn)
+            except (psycopg.DataError, pg_errors.ProgramLimitExceeded) as exc:
+                # the server refuses the data itself (an untranslatable character, a value out of range, a key too
+                # long for its index): refused again if retried, so bad input rather than an outage
+                raise EventInvalid(f"Postgres {what}: the data was refused: {exc}") from exc
             except _RETRYABLE as exc:
                 if attempt >= self.retries:
                     raise WorldError(f"Postgres {what}: gave up after {attempt} attempts: {exc}") from exc
