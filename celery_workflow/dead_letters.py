@@ -15,7 +15,9 @@ dead-letter queue) when
 A dead letter keeps the message body and queue, how often it was delivered, why it moved, when its first and last
 failed delivery were and the last error recorded. A run one of whose deliveries is dead-lettered is failed with
 :class:`~celery_workflow.errors.DeadLettered` as its cause (``runs show`` prints it): without its delivery it cannot
-go on. ``celery-workflow dead-letters list | show ID | redrive [--queue Q] [ID…] | purge`` looks at them and puts them
+go on. Except when the last failure was the World's own (:class:`~celery_workflow.errors.WorldError`: unavailable,
+throttled, a driver error): an outage is never a workflow's outcome, so that run is left as it was, and a redrive
+once the World is back carries it on. ``celery-workflow dead-letters list | show ID | redrive [--queue Q] [ID…] | purge`` looks at them and puts them
 back (a redrive inserts the message again with its attempts reset and deletes the dead letter, so it happens at
 most once per dead letter).
 """
@@ -29,7 +31,14 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from celery_workflow import codec
-from celery_workflow.errors import ConfigurationError, DeadLettered, DeadLetterNotFound, NotFound, RunTerminal
+from celery_workflow.errors import (
+    ConfigurationError,
+    DeadLettered,
+    DeadLetterNotFound,
+    NotFound,
+    RunTerminal,
+    WorldError,
+)
 from celery_workflow.events import EventType, NewEvent
 
 __all__ = [
@@ -40,6 +49,7 @@ __all__ = [
     "dead_letter_store",
     "fail_run",
     "message_task",
+    "outage",
     "settle",
     "sweep",
 ]
@@ -205,10 +215,22 @@ def cause(letter: DeadLetter) -> dict[str, Any]:
     }
 
 
+def _names(kind: type[BaseException]) -> set[str]:
+    return {kind.__name__}.union(*(_names(sub) for sub in kind.__subclasses__()))
+
+
+def outage(letter: DeadLetter) -> bool:
+    """Whether the last failure of ``letter`` was the World's (its recorded error names a
+    :class:`~celery_workflow.errors.WorldError`, as a worker records it: ``"<TypeName>: <message>"``)."""
+    kind = (letter.last_error or "").split(":", 1)[0].strip()
+    return bool(kind) and kind in _names(WorldError)
+
+
 def fail_run(world: Any, letter: DeadLetter) -> bool:
     """Fail the run of a dead-lettered delivery with :class:`DeadLettered` as its cause; False when the letter has
-    no run, or the run has ended or is gone."""
-    if not letter.run_id:
+    no run, the run has ended or is gone, or the letter's last failure was the World's (:func:`outage`: the run is
+    left as it was, for a redrive)."""
+    if not letter.run_id or outage(letter):
         return False
     try:
         world.append(letter.run_id, [NewEvent(EventType.RUN_FAILED, None, {"error": cause(letter)})])

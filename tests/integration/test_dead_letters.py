@@ -157,3 +157,32 @@ def test_a_dead_letter_whose_run_was_not_failed_is_swept_by_a_consumer(wf: Workf
     assert run.status == "failed"
     assert (run.view().error or {})["dead_letter"] == letter.id
     assert store.unsettled_dead_letters() == []
+
+
+def test_a_delivery_dead_lettered_by_a_world_outage_leaves_its_run_for_a_redrive(wf: Workflows) -> None:
+    """Issue #33 item 1: the World's own failure is never the workflow's outcome, not even once the delivery ran out
+    of attempts. The run stays as it was; a redrive once the World is back carries it on. A delivery that failed for
+    another reason still fails its run."""
+    from celery_workflow import dead_letters
+
+    @wf.workflow
+    def patient(x: int) -> int:
+        return x * 2
+
+    store = dead_letter_store(wf.world)
+    runs, letters = {}, {}
+    for i, kind in enumerate(("WorldUnavailable", "WorldError", "ValueError"), 1):
+        runs[kind] = patient.start(i)
+        (claim,) = store.receive(["celery"])  # type: ignore[attr-defined]
+        letter = store.dead_letter(claim.receipt, reason="max-deliveries", error=f"{kind}: injected")
+        assert letter is not None and letter.run_id == runs[kind].id
+        letters[kind] = letter
+    failed = dead_letters.settle(wf.world, store, list(letters.values()))
+    assert failed == [runs["ValueError"].id]
+    assert runs["WorldUnavailable"].status == "pending" and runs["WorldError"].status == "pending"
+    assert store.unsettled_dead_letters() == []
+
+    assert store.redrive_dead_letters([letters["WorldUnavailable"].id, letters["WorldError"].id]) == 2
+    worker = LocalWorker(wf)
+    assert worker.run_until_complete(runs["WorldUnavailable"]).output == 2
+    assert worker.run_until_complete(runs["WorldError"]).output == 4
