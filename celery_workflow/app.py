@@ -445,9 +445,10 @@ class Workflows:
         page = self.world.list_runs(workflow=workflow, status=status, limit=limit)
         return [Run(self.runtime, view.run_id) for view in page.items]
 
-    def resume_hook(self, token: str, payload: Any = None) -> HookView:
-        """Deliver ``payload`` to the hook with ``token`` and wake its run. HookNotFound if no live hook has it."""
-        return self.runtime.resume_hook(token, payload)
+    def resume_hook(self, token: str, payload: Any = None, *, wait: float = 0.0) -> HookView:
+        """Deliver ``payload`` to the hook with ``token`` and wake its run. HookNotFound if no live hook has it
+        (after ``wait`` seconds of looking again, for a run that has not reached its ``create_hook`` yet)."""
+        return self.runtime.resume_hook(token, payload, wait=wait)
 
     def handle_delivery(self, payload: bytes, claim: Claim | None = None, *, inline_until: float | None = None) -> str:
         """Run one stored delivery of this app (a workflow or step task message) without a Celery worker, as the

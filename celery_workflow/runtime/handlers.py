@@ -148,10 +148,27 @@ class Runtime:
         first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
         return self.world.create_run(new, [first])
 
-    def resume_hook(self, token: str, payload: Any) -> HookView:
+    def resume_hook(self, token: str, payload: Any, *, wait: float = 0.0) -> HookView:
         """Deliver ``payload`` to the live hook owning ``token`` and wake its run. HookNotFound if none; WebhookUsed
-        if the hook is a webhook that answers once and has already had its request."""
-        hook = self.world.get_hook_by_token(token)
+        if the hook is a webhook that answers once and has already had its request.
+
+        ``wait``: seconds to keep looking for the hook while no live hook has the token (a run just started has not
+        reached its ``create_hook`` yet): it is looked up again after short, growing pauses (up to the World's
+        ``poll_interval``), and HookNotFound is raised only once ``wait`` has passed."""
+        if wait < 0 or wait != wait:
+            raise ConfigurationError("resume_hook(wait=...) takes a number of seconds >= 0")
+        deadline = time.monotonic() + wait
+        pause = 0.005
+        while True:
+            try:
+                hook = self.world.get_hook_by_token(token)
+                break
+            except HookNotFound:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, max(0.005, self.world.poll_interval))
         if hook.is_webhook:
             return self._receive_webhook(hook, lambda keep_credentials: payload)
         run = self.world.get_run(hook.run_id)
