@@ -96,16 +96,41 @@ def test_sequential_steps(app: ModuleType, worker: Worker) -> None:
     assert event_counts(run)["step_completed"] == 5
 
 
-def test_a_runs_first_delivery_needs_no_read_of_its_log(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
-    """The first delivery carries the run's opening in its headers and the worker replays against it: a one-step
-    run completes in its first delivery without reading its log; a delivery that cannot carry it reads it."""
-    run = app.sequential.start(1, run_id=f"noted-{time.monotonic_ns()}")
-    assert run.result(timeout=30) == 0
-    reads = Path(env["CW_MARKERS"]) / f"reads-{run.id}"
-    assert not reads.exists()
-    big = app.sequential.start(1, run_id=f"noted-big-{time.monotonic_ns()}", padding="x" * 5000)
-    assert big.result(timeout=30) == 0
-    assert (Path(env["CW_MARKERS"]) / f"reads-{big.id}").read_text().splitlines() == ["read"]
+def test_a_runs_first_delivery_reads_its_log_once(app: ModuleType, worker: Worker, env: dict[str, str]) -> None:
+    """Nothing a message carries is trusted: the worker reads the run before it runs anything, once."""
+    for padding in ("", "x" * 5000):
+        run = app.sequential.start(1, run_id=f"noted-{len(padding)}-{time.monotonic_ns()}", padding=padding)
+        assert run.result(timeout=30) == 0
+        assert (Path(env["CW_MARKERS"]) / f"reads-{run.id}").read_text().splitlines() == ["read"]
+
+
+def test_runs_cancelled_before_their_first_delivery_run_no_step(
+    app: ModuleType, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue #26 item 1: runs cancelled while their first delivery waits (the worker busy) run no step, though the
+    step is known quick in that worker (it ran a moment before)."""
+    for name in ("killable", "marking"):
+        app.wf.route(name, "backfill")
+    log = tmp_path / "cancel.log"
+    solo = start_worker(env, log, "-c", "1", "-Q", "backfill", "-n", "cancel@%h")
+    try:
+        assert app.marking.start("warm").result(timeout=30) == "warm"
+        busy = app.killable.start("busy-cancel")
+        wait_for((markers(env) / "slow-busy-cancel-started-1").exists, what="the worker to be busy")
+        runs = [app.marking.start(f"cancelled-{i}") for i in range(4)]
+        for run in runs:
+            run.cancel()
+        (markers(env) / "slow-busy-cancel-release").touch()
+        assert busy.result(timeout=30) == "busy-cancel@1"
+        wait_for(lambda: log.read_text().count(": 'ended'") >= len(runs), what="the cancelled runs' deliveries")
+        assert sorted(p.name for p in markers(env).glob("mark-cancelled-*")) == []
+        for run in runs:
+            with pytest.raises(RunCancelled):
+                run.result(timeout=1)
+    finally:
+        solo.stop()
+        for name in ("killable", "marking"):
+            app.wf.routes.pop(name, None)
 
 
 def test_continue_as_new_hands_over_to_fresh_runs(app: ModuleType, worker: Worker) -> None:

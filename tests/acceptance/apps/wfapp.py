@@ -160,6 +160,17 @@ def killable(tag: str) -> str:
     return slow_once(tag)
 
 
+@wf.step
+def leave_mark(tag: str) -> str:
+    (MARKERS / f"mark-{tag}").touch()
+    return tag
+
+
+@wf.workflow
+def marking(tag: str) -> str:
+    return leave_mark(tag)
+
+
 @wf.workflow(queue="backfill")
 def backfill(x: int) -> int:
     return add(x, 1)
