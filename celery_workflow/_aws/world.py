@@ -212,7 +212,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
     ) -> Page[RunView]:
         """Runs newest first (by creation time) through an index, then their views by consistent reads. The cursor
         is the index position of the last run returned."""
-        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit)
+        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)  # the cursor checked
         index, key, value = (
             ("list", "list_pk", "RUNS") if workflow is None else ("list_group", "list_group_pk", f"RUNS#{workflow}")
         )

@@ -23,6 +23,7 @@ TABLES = world_tables(
     write_id=True,
     indexes={
         "celery_workflow_runs": {
+            "celery_workflow_runs_created": False,
             "celery_workflow_runs_workflow": False,
             "celery_workflow_runs_status": False,
             "celery_workflow_runs_completed": False,

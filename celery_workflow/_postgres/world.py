@@ -255,9 +255,8 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         cursor: str | None = None,
     ) -> Page[RunView]:
         wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
-        return wanted.page(
-            [CODEC.run(r) for r in self._rows("list_runs", *wanted.sql(RUN, "celery_workflow_runs", "%s"))]
-        )
+        rows = self._rows("list_runs", *wanted.sql(RUN, "celery_workflow_runs", "%s", CODEC.store_time))
+        return wanted.page([CODEC.run(r) for r in rows])
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
         stored = self._rows(

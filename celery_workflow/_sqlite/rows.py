@@ -22,7 +22,11 @@ __all__ = ["CODEC", "COLUMNS", "TABLES"]
 TABLES = world_tables(
     write_id=False,
     indexes={
-        "celery_workflow_runs": {"celery_workflow_runs_workflow": False, "celery_workflow_runs_status": False},
+        "celery_workflow_runs": {
+            "celery_workflow_runs_created": False,
+            "celery_workflow_runs_workflow": False,
+            "celery_workflow_runs_status": False,
+        },
         "celery_workflow_events": {"celery_workflow_events_correlation": False},
         "celery_workflow_hook_tokens": {"celery_workflow_hook_tokens_hook": False},
     },

@@ -205,7 +205,7 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
         cursor: str | None = None,
     ) -> Page[RunView]:
         wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
-        rows = self._read(*wanted.sql(RUN, "celery_workflow_runs", "?"))
+        rows = self._read(*wanted.sql(RUN, "celery_workflow_runs", "?", CODEC.store_time))
         return wanted.page([CODEC.run(row) for row in rows])
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:

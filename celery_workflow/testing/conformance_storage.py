@@ -11,6 +11,7 @@ from celery_workflow import codec, ids
 from celery_workflow.errors import (
     EntityExists,
     EventInvalid,
+    InvalidCursor,
     NotFound,
     RunNotFound,
     StaleLog,
@@ -23,6 +24,7 @@ from celery_workflow.testing._conformance import (
     delivery,
     drain,
     ev,
+    eventually,
     hook_created,
     iso_in,
     requires,
@@ -255,6 +257,40 @@ class StorageConformance(Conformance):
         assert seen == [ours[0], ours[2], ours[4]] and pages == 2
         exact = world.list_runs(workflow=odd, limit=2)
         assert [r.run_id for r in exact.items] == [ours[1], ours[3]] and exact.cursor is None
+
+    def test_list_runs_is_newest_first_by_creation_whatever_the_run_ids(self, world: World) -> None:
+        """Caller-chosen ids in the reverse of creation order: the run created last is listed first, and the
+        cursors page through the same order (a World whose listing lags its writes is waited for)."""
+        prefix = unique("zrun").lower()
+        name = unique("wf.created")
+        made: list[Any] = []
+        for suffix in ("c", "b", "a"):  # the ids sort against the creation order
+            made.append(create(world, workflow=name, run_id=f"{prefix}_{suffix}"))
+            eventually(lambda: True if ids.utcnow() > made[-1].created_at else None)  # the next one is newer
+        world.append(made[0].run_id, [ev(EventType.RUN_STARTED)])
+        world.append(made[2].run_id, [ev(EventType.RUN_STARTED)])
+        running = {"workflow": name, "status": RunStatus.RUNNING}
+
+        def listed(count: int, **filters: Any) -> list[str] | None:
+            got = [r.run_id for r in world.list_runs(limit=1000, **filters).items if r.run_id.startswith(prefix)]
+            return got if len(got) == count else None
+
+        newest_first = [r.run_id for r in reversed(made)]
+        assert eventually(lambda: listed(3)) == newest_first
+        assert eventually(lambda: listed(3, workflow=name)) == newest_first
+        assert eventually(lambda: listed(2, **running)) == [made[2].run_id, made[0].run_id]
+        for filters, expected in (({"workflow": name}, newest_first), (running, [made[2].run_id, made[0].run_id])):
+            seen: list[str] = []
+            cursor = None
+            while True:
+                page = world.list_runs(limit=1, cursor=cursor, **filters)
+                seen += [r.run_id for r in page.items]
+                if page.cursor is None:
+                    break
+                cursor = page.cursor
+            assert seen == expected
+        with pytest.raises(InvalidCursor):
+            world.list_runs(cursor=made[0].run_id)  # a run id is no cursor
 
     def test_list_steps_hooks_and_waits_in_creation_order(self, world: World) -> None:
         run = create(world, started=True)

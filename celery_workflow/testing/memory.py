@@ -188,8 +188,7 @@ class MemoryWorld(TemplateWorld):
         wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
         with self._cond:
             views = [r.view for r in self._runs.values() if wanted.matches(r.view)]
-        views.sort(key=lambda v: v.run_id, reverse=True)
-        return wanted.page(views[: limit + 1])
+        return wanted.page(wanted.newest_first(views)[: limit + 1])
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
         with self._cond:

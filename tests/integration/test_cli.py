@@ -209,16 +209,17 @@ def test_migrate_shows_progress_and_is_idempotent(url: str, wf: Workflows) -> No
     result = cli(fresh, "migrate")
     assert result.exit_code == 0
     assert result.stderr.splitlines() == [
-        "migrating: 1/4 0001_world.sql",
-        "migrating: 2/4 0002_queue.sql",
-        "migrating: 3/4 0003_dead_letters.sql",
-        "migrating: 4/4 0004_token_retention.sql",
+        "migrating: 1/5 0001_world.sql",
+        "migrating: 2/5 0002_queue.sql",
+        "migrating: 3/5 0003_dead_letters.sql",
+        "migrating: 4/5 0004_token_retention.sql",
+        "migrating: 5/5 0005_runs_listed_by_creation.sql",
     ]
-    assert result.stdout.startswith("schema version 0 -> 4: applied 0001_world.sql")
+    assert result.stdout.startswith("schema version 0 -> 5: applied 0001_world.sql")
     assert cli(fresh, "runs", "list").stdout == "no runs\n"  # the migrated World works
-    assert cli(fresh, "migrate").stdout == "schema version 4: up to date\n"
+    assert cli(fresh, "migrate").stdout == "schema version 5: up to date\n"
     result = invoke("migrate", obj=SimpleNamespace(app=wf.celery_app))  # the app's World, migrated when opened
-    assert (result.exit_code, result.stdout) == (0, "schema version 4: up to date\n")
+    assert (result.exit_code, result.stdout) == (0, "schema version 5: up to date\n")
 
 
 def test_dead_letters_json_and_batched_redrive_and_purge(wf: Workflows, url: str) -> None:
@@ -282,8 +283,8 @@ def pg_url() -> Iterator[str]:
 
 def test_postgres_migrate_and_retention_sweep(pg_url: str) -> None:
     result = cli(pg_url, "migrate")
-    assert result.exit_code == 0 and result.stdout.startswith("schema version 0 -> 6")
-    assert result.stderr.splitlines()[-1] == "migrating: 6/6 0006_standing_claims.sql"
+    assert result.exit_code == 0 and result.stdout.startswith("schema version 0 -> 7")
+    assert result.stderr.splitlines()[-1] == "migrating: 7/7 0007_runs_listed_by_creation.sql"
 
     from celery_workflow.world_pg import PostgresWorld
 
