@@ -31,8 +31,10 @@ Guarantees (the seed's worker model):
   saves a disk flush per claim and per ack.
 * Every insert sends ``pg_notify on the schema's celery_workflow_queue channel`` in the inserting transaction (so listeners hear
   it at commit, never before); a release notifies too (the row is claimable again at once).
-* Messages on a queue declared with ``x-message-ttl`` expire that long after they are *due*; expired rows are never
-  claimed and :meth:`PostgresQueue.gc` deletes them unless someone holds them.
+* Messages on a queue declared with ``x-message-ttl`` expire that long after they are *due*; one put with a TTL of
+  its own (``put(…, ttl=…)``: Kombu's ``expiration``) expires that long after it was *put* (the database's clock), or
+  earlier if its queue's TTL says so. Expired rows are never claimed nor counted and :meth:`PostgresQueue.gc` deletes
+  them unless someone holds them.
 * Broker state for the transport (queue declarations, exchanges, bindings, live consumers) lives in the same schema,
   shared by every process; :meth:`PostgresQueue.gc` collects unused queues, dead consumers' auto-delete queues and
   expired messages (one collector at a time per schema, under a transaction-level advisory lock).
@@ -73,8 +75,15 @@ from celery_workflow.world import ClaimedDelivery, Delivery
 __all__ = ["PostgresQueue", "parse_receipt"]
 
 
+def _interval(seconds: float | None) -> timedelta | None:
+    return None if seconds is None else timedelta(seconds=max(seconds, 0.0))
+
+
 class PostgresQueue(BrokerState):
     """Deliveries and broker state in a :class:`~celery_workflow._postgres.database.PgDatabase` (thread- and fork-safe)."""
+
+    #: It honours a message's own TTL (:class:`~celery_workflow.transport.store.ExpiringStore`).
+    expires_messages = True
 
     # -- used by the Postgres World inside its own transaction ---------------------------------------------------
 
@@ -116,6 +125,7 @@ class PostgresQueue(BrokerState):
                     run_id=d.run_id,
                     key=d.idempotency_key,
                     due=None if d.not_before is None else to_utc(d.not_before),
+                    ttl=None,
                     handoff=hand_off,
                     **extra,
                 ),
@@ -306,8 +316,10 @@ class PostgresQueue(BrokerState):
         not_before: float | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        ttl: float | None = None,
     ) -> bool:
         """Insert one message (due at ``not_before``, epoch seconds, or now) and notify; ``False`` when deduplicated.
+        ``ttl``: it expires that many seconds from now (see :class:`~celery_workflow.transport.store.ExpiringStore`).
 
         A message due now without an idempotency key is handed to an idle consumer's standing claim when there is
         one (:mod:`.standing`)."""
@@ -321,12 +333,16 @@ class PostgresQueue(BrokerState):
             run_id=run_id,
             key=idempotency_key,
             due=at(not_before),
+            ttl=_interval(ttl),
             handoff=idempotency_key is None,
         )
         return len(rows) == 1
 
-    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
-        """Insert a copy of the message on every queue bound to ``exchange`` (and notify each); return the count."""
+    def put_fanout(
+        self, exchange: str, payload: bytes, *, not_before: float | None = None, ttl: float | None = None
+    ) -> int:
+        """Insert a copy of the message on every queue bound to ``exchange`` (and notify each); return the count.
+        ``ttl``: as for :meth:`put`."""
         return len(
             self._rows(
                 "fanout",
@@ -335,6 +351,7 @@ class PostgresQueue(BrokerState):
                 exchange=exchange,
                 payload=bytes(payload),
                 due=at(not_before),
+                ttl=_interval(ttl),
             )
         )
 

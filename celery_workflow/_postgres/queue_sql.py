@@ -80,11 +80,14 @@ def dedup_scope(run_id: str | None, key: str | None) -> str:
     return "none" if key is None else "queue" if run_id is None else "run"
 
 
+# When a message expires: its queue's ``x-message-ttl`` after it is due, or its own TTL (``%(ttl)s``: Kombu's
+# ``expiration``, NULL for none) after it was put, whichever comes first (LEAST ignores NULLs).
+EXPIRES_AT = f"LEAST(t.due + (SELECT message_ttl FROM {QUEUES} WHERE name = %(queue)s), t.now + %(ttl)s::interval)"
+
 INSERT_WHEN = f"""
 WITH ins AS (
     INSERT INTO {Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)
-    SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, %(key)s,
-           t.due + (SELECT message_ttl FROM {QUEUES} WHERE name = %(queue)s), t.now
+    SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, %(key)s, {EXPIRES_AT}, t.now
     FROM (SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now) AS t
     WHERE {{when}}
     {{conflict}}
@@ -123,7 +126,7 @@ WITH t AS (
     INSERT INTO {Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at, lease_until,
                      attempts)
     SELECT %(queue)s, %(payload)s, %(run_id)s, t.due, CASE WHEN w.token IS NULL THEN %(key)s END,
-           t.due + (SELECT message_ttl FROM {QUEUES} WHERE name = %(queue)s), t.now, t.now + w.lease,
+           {EXPIRES_AT}, t.now, t.now + w.lease,
            CASE WHEN w.token IS NULL THEN 0 ELSE 1 END
     FROM t LEFT JOIN w ON true
     WHERE {{when}}
@@ -149,7 +152,7 @@ def insert(scope: str, *, alone: bool, when: str = "true", handoff: bool = False
 FANOUT = f"""
 WITH ins AS (
     INSERT INTO {Q} (queue, payload, not_before, expires_at, created_at)
-    SELECT b.queue, %(payload)s, t.due, t.due + d.message_ttl, t.now
+    SELECT b.queue, %(payload)s, t.due, LEAST(t.due + d.message_ttl, t.now + %(ttl)s::interval), t.now
     FROM (SELECT DISTINCT queue FROM {BINDINGS} WHERE exchange = %(exchange)s) AS b
     CROSS JOIN (SELECT COALESCE(%(due)s::timestamptz, {NOW}) AS due, {NOW} AS now) AS t
     LEFT JOIN {QUEUES} AS d ON d.name = b.queue

@@ -17,8 +17,10 @@ Guarantees (the seed's worker model):
   enforced by a partial unique index and ``INSERT … ON CONFLICT DO NOTHING``; claiming releases the key, so a delivery
   queued while the previous one executes is never dropped.
 * A message put on a queue declared with ``x-message-ttl`` expires that long after it is *due* (so a delayed message
-  is not dropped before it could be delivered); expired rows are never claimed and :meth:`SQLiteQueue.gc` deletes
-  them unless someone holds them.
+  is not dropped before it could be delivered); one put with a TTL of its own (``put(…, ttl=…)``: Kombu's
+  ``expiration``) expires that long after it was *put*, as Celery's ``expires`` and RabbitMQ's per-message TTL count,
+  or earlier if its queue's TTL says so. Expired rows are never claimed nor counted, and :meth:`SQLiteQueue.gc`
+  deletes them unless someone holds them.
 * Broker state for the transport (queue declarations with ``x-expires`` / ``x-message-ttl`` / auto_delete,
   exchanges, bindings, live consumers) lives in the same file, shared by every process; :meth:`SQLiteQueue.gc`
   collects unused queues, dead consumers' auto-delete queues and expired messages.
@@ -73,12 +75,25 @@ _INSERT = (
     " ON CONFLICT DO NOTHING"
 )
 
+# A message put with its own TTL (``ttl``: Kombu's ``expiration``) expires ``ttl`` after it was put or as its queue's
+# ``x-message-ttl`` says, whichever comes first (SQLite's MIN() of a NULL is NULL: hence the COALESCEs).
+_QUEUE_EXPIRY = f"(SELECT :due + message_ttl_ms * 1000 FROM {_QUEUES} WHERE name = :queue)"
+_INSERT_EXPIRING = (
+    f"INSERT INTO {_Q} (queue, payload, run_id, not_before, idempotency_key, expires_at, created_at)"
+    f" VALUES (:queue, :payload, :run_id, :due, :key,"
+    f" MIN(COALESCE({_QUEUE_EXPIRY}, :expires), COALESCE(:expires, {_QUEUE_EXPIRY})), :now)"
+    " ON CONFLICT DO NOTHING"
+)
+
 # A row is claimable at ``now`` when it is due, its lease (if any) has run out and it has not expired.
 _CLAIMABLE = "queue = ? AND not_before <= ? AND (lease_until IS NULL OR lease_until <= ?) AND (expires_at IS NULL OR expires_at > ?)"
 
 
 class SQLiteQueue(BrokerState):
     """Deliveries and broker state in a :class:`~celery_workflow._sqlite.database.Database` (thread- and fork-safe)."""
+
+    #: It honours a message's own TTL (:class:`~celery_workflow.transport.store.ExpiringStore`).
+    expires_messages = True
 
     # -- used by SQLiteWorld inside its own write transaction ----------------------------------------------------
 
@@ -176,25 +191,41 @@ class SQLiteQueue(BrokerState):
         not_before: float | None = None,
         run_id: str | None = None,
         idempotency_key: str | None = None,
+        ttl: float | None = None,
     ) -> bool:
-        """Insert one message (due at ``not_before``, epoch seconds, or now); ``False`` when deduplicated."""
+        """Insert one message (due at ``not_before``, epoch seconds, or now); ``False`` when deduplicated. ``ttl``:
+        it expires that many seconds from now (see :class:`~celery_workflow.transport.store.ExpiringStore`)."""
         now = self._now()
         due = now if not_before is None else micros(not_before)
         with self._write() as conn:
-            cur = conn.execute(_INSERT, (queue, payload, run_id, due, idempotency_key, due, queue, now))
+            if ttl is None:
+                cur = conn.execute(_INSERT, (queue, payload, run_id, due, idempotency_key, due, queue, now))
+            else:
+                cur = conn.execute(
+                    _INSERT_EXPIRING,
+                    {
+                        "queue": queue, "payload": payload, "run_id": run_id, "due": due, "key": idempotency_key,
+                        "expires": now + micros(max(ttl, 0.0)), "now": now,
+                    },
+                )  # fmt: skip
             return cur.rowcount == 1
 
-    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = None) -> int:
-        """Insert a copy of the message on every queue bound to ``exchange``; return the number of copies."""
+    def put_fanout(
+        self, exchange: str, payload: bytes, *, not_before: float | None = None, ttl: float | None = None
+    ) -> int:
+        """Insert a copy of the message on every queue bound to ``exchange``; return the number of copies. ``ttl``:
+        as for :meth:`put`."""
         now = self._now()
         due = now if not_before is None else micros(not_before)
+        expires = None if ttl is None else now + micros(max(ttl, 0.0))
         with self._write() as conn:
             cur = conn.execute(
                 f"INSERT INTO {_Q} (queue, payload, not_before, expires_at, created_at)"
-                f" SELECT b.queue, ?, ?, ? + d.message_ttl_ms * 1000, ?"
-                f" FROM (SELECT DISTINCT queue FROM {_BINDINGS} WHERE exchange = ?) AS b"
+                " SELECT b.queue, :payload, :due, MIN(COALESCE(:due + d.message_ttl_ms * 1000, :expires),"
+                " COALESCE(:expires, :due + d.message_ttl_ms * 1000)), :now"
+                f" FROM (SELECT DISTINCT queue FROM {_BINDINGS} WHERE exchange = :exchange) AS b"
                 f" LEFT JOIN {_QUEUES} AS d ON d.name = b.queue",
-                (payload, due, due, now, exchange),
+                {"payload": payload, "due": due, "expires": expires, "now": now, "exchange": exchange},
             )
             return int(cur.rowcount)
 

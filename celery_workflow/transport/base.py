@@ -15,6 +15,18 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
   after :func:`backoff` (1 s, 2 s, 4 s … 300 s by attempts). Delivery tags are the store's per-claim receipts (unique
   per receive) and ``delivery_info`` carries the :class:`~celery_workflow.world.Claim` (receipt and attempts).
 * **no_ack consumers** (pidbox, event receivers) delete rows as they receive them.
+* **Undecodable messages go to the dead letters.** A stored row Kombu cannot make a message of is moved when taken
+  (:func:`~.store.envelope_problem`); a message whose body its consumer could not decode (not what its content type
+  says, a compression or transfer encoding that does not undo) is moved when the consumer acks or rejects it:
+  Celery's consumer logs "Can't decode message body" and *acks* such a message, which would delete it
+  (:class:`~.channel.StoreMessage`).
+* **Per-message TTL.** A message's ``expiration`` property (AMQP's, in milliseconds: ``Producer.publish(expiration=
+  seconds)``, Celery's ``apply_async(expires=…)``) makes it expire that long after it was published, on the store's
+  clock, whatever its due time; an expired message is never delivered, got or counted, and is dropped (deleted by
+  ``gc``), not dead-lettered, as RabbitMQ drops it from a queue without a dead-letter exchange. A queue's
+  ``x-message-ttl`` still applies (the earlier expiry wins). A malformed ``expiration`` is refused at publish (a
+  ``ChannelError``, as RabbitMQ's PRECONDITION_FAILED). Stores that honour it: SQLite and Postgres
+  (:class:`~.store.ExpiringStore`); the SQS store ignores it.
 * **Routing state in the store.** Exchanges, bindings and queue declarations are persisted; ``get_table`` reads
   bindings of every exchange type from the store (pidbox replies use a direct exchange declared only by the client),
   ``typeof`` falls back to the stored exchange type, and fanout copies are written by the store for every bound queue.
@@ -33,7 +45,7 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
 Transport options: ``lease_seconds`` (60), ``polling_interval`` (1.0), ``heartbeat_interval`` (5.0),
 ``gc_interval`` (10.0), ``consumer_timeout`` (60.0: a consumer silent that long is considered dead).
 Message properties read by ``_put``: ``not_before``, ``run_id``, ``idempotency_key`` (any ``apply_async`` keyword
-Kombu does not know ends up in the properties).
+Kombu does not know ends up in the properties) and ``expiration``.
 """
 
 from __future__ import annotations

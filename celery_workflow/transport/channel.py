@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from queue import Empty
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kombu.exceptions import ChannelError
 from kombu.transport import base as _kombu_base
@@ -20,10 +21,12 @@ from celery_workflow import dead_letters
 from celery_workflow.errors import WorldError
 from celery_workflow.transport.store import (
     BrokerStore,
+    ExpiringStore,
     backoff,
     decode_claims,
     dumps,
     message_due,
+    message_expiration,
 )
 from celery_workflow.world import Claim
 
@@ -34,6 +37,7 @@ logger = logging.getLogger("celery_workflow.transport.base")
 
 # Kombu is only partly typed: use its classes and helpers as Any.
 _VirtualChannel: Any = _virtual.Channel
+_VirtualMessage: Any = _virtual.Message
 _TopicExchange: Any = _exchange.TopicExchange
 _to_rabbitmq_queue_arguments: Any = _kombu_base.to_rabbitmq_queue_arguments
 
@@ -43,9 +47,53 @@ _to_rabbitmq_queue_arguments: Any = _kombu_base.to_rabbitmq_queue_arguments
 WORKFLOW_TASKS = ("workflow.", "step.")
 
 
+class StoreMessage(_VirtualMessage):  # type: ignore[misc]
+    """A message of a :class:`StoreChannel` that remembers why its body could not be made sense of, so the channel
+    moves it to the dead letters when its consumer gives up on it (see :meth:`StoreChannel.basic_ack`).
+
+    Celery's consumer logs "Can't decode message body" and *acks* a message it cannot decode (``on_decode_error``:
+    "so it doesn't enter a loop"); on these transports such a message is moved to the dead letters instead of being
+    deleted, whoever consumes it. What counts: a transfer encoding that does not decode (Kombu's channel raises that
+    out of the consumer's drain; here it becomes one of the message's ``errors``, which Kombu's consumer hands to
+    ``on_decode_error``), a compression that does not decompress (``errors`` too), and a decode that raised (a body
+    that is not what its content type says, a content type the consumer does not accept).
+    """
+
+    #: Why the body could not be decoded, once a decode failed (else None).
+    decode_error: str | None = None
+
+    def __init__(self, payload: dict[str, Any], channel: Any = None, **kwargs: Any) -> None:
+        try:
+            super().__init__(payload, channel=channel, **kwargs)
+        except Exception:  # the stored body's transfer encoding did not decode, whatever it raised
+            self.errors = [sys.exc_info()]  # Kombu's consumer hands it to on_decode_error; no body to decompress
+            super().__init__({**payload, "body": None}, channel=channel, **kwargs)
+            self._raw = payload
+
+    def _decode(self) -> Any:
+        try:
+            return super()._decode()
+        except Exception as exc:
+            self.decode_error = self.decode_error or _why(exc)
+            raise
+
+    def undecodable(self) -> str | None:
+        """Why this message's body could not be decoded (a failed decode, or an error making the message), or None."""
+        if self.decode_error is not None:
+            return self.decode_error
+        if self.errors:
+            return _why(self.errors[0][1])
+        return None
+
+
+def _why(exc: BaseException | None) -> str:
+    return f"{type(exc).__name__}: {exc}" if exc is not None else "unknown error"
+
+
 class StoreChannel(_VirtualChannel):  # type: ignore[misc]
     """A virtual channel whose messages, exchanges, bindings and queues live in the transport's store."""
 
+    Message = StoreMessage
     supports_fanout = True
 
     def __init__(self, connection: StoreTransport, **kwargs: Any) -> None:
@@ -66,18 +114,35 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         props = message.get("properties") or {}
-        stored = self.store.put(
-            queue,
-            dumps(message),
-            not_before=message_due(message),
-            run_id=props.get("run_id"),
-            idempotency_key=props.get("idempotency_key"),
-        )
+        store, ttl = self.store, self._expiration(message)
+        options: dict[str, Any] = {"run_id": props.get("run_id"), "idempotency_key": props.get("idempotency_key")}
+        if ttl is None:
+            stored = store.put(queue, dumps(message), not_before=message_due(message), **options)
+        else:
+            stored = _expiring(store).put(queue, dumps(message), not_before=message_due(message), ttl=ttl, **options)
         if not stored:
             logger.debug("message for %r deduplicated by idempotency key %r", queue, props.get("idempotency_key"))
 
     def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str, **kwargs: Any) -> None:
-        self.store.put_fanout(exchange, dumps(message), not_before=message_due(message))
+        store, ttl = self.store, self._expiration(message)
+        if ttl is None:
+            store.put_fanout(exchange, dumps(message), not_before=message_due(message))
+        else:
+            _expiring(store).put_fanout(exchange, dumps(message), not_before=message_due(message), ttl=ttl)
+
+    def _expiration(self, message: dict[str, Any]) -> float | None:
+        """The message's per-message TTL in seconds (its ``expiration`` property), when the store honours one: a
+        store that does not (SQS) stores the message as before. A malformed one is refused as RabbitMQ refuses it
+        (a channel error, PRECONDITION_FAILED)."""
+        try:
+            ttl = message_expiration(message)
+        except ValueError as exc:
+            raise ChannelError(
+                f"PRECONDITION_FAILED - {exc}", (60, 40), "Basic.publish", "406"
+            ) from None  # fmt: skip
+        if ttl is not None and not getattr(self.store, "expires_messages", False):
+            return None
+        return ttl
 
     def _receive(
         self, queues: Sequence[str], no_ack: Collection[str], limit: int = 1
@@ -111,14 +176,38 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         except KeyError:
             return None
 
+    def _undecodable(self, delivery_tag: Any) -> str | None:
+        """Why the held message's body could not be decoded (:class:`StoreMessage`), or None."""
+        try:
+            message = self.qos.get(delivery_tag)
+        except KeyError:
+            return None
+        check = getattr(message, "undecodable", None)
+        return check() if callable(check) else None
+
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
-        """Delete the message (stale receipts change nothing), then forget it."""
+        """Delete the message (stale receipts change nothing), then forget it; a message whose body could not be
+        decoded is moved to the dead letters instead (Celery acks those: see :class:`StoreMessage`)."""
         held = self._claim(delivery_tag)
         try:
             if held is not None:
-                self._ack_stored(held.receipt)
+                why = self._undecodable(delivery_tag)
+                if why is None:
+                    self._ack_stored(held.receipt)
+                else:
+                    self._undecodable_letter(held, delivery_tag, why)
         finally:
             super().basic_ack(delivery_tag, multiple)
+
+    def _undecodable_letter(self, held: Claim, delivery_tag: Any, why: str) -> None:
+        try:
+            message = self.qos.get(delivery_tag)
+            kind, encoding = message.content_type, message.content_encoding
+        except (KeyError, AttributeError):
+            kind = encoding = None
+        logger.error("message %s cannot be decoded by its consumer (%s): %s", held.receipt, kind, why)
+        error = f"undecodable: its consumer could not decode its body (content type {kind}, encoding {encoding}): {why}"
+        self._dead_letter(held, dead_letters.UNDECODABLE, error)
 
     def _ack_stored(self, receipt: str) -> None:
         """Delete an acked message from the store (a transport may do more in the same round trip)."""
@@ -134,6 +223,8 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             if held is not None:
                 if requeue:
                     self.store.release(held.receipt)
+                elif (why := self._undecodable(delivery_tag)) is not None:  # no backoff makes it decode
+                    self._undecodable_letter(held, delivery_tag, why)
                 else:
                     self._reject(held, delivery_tag)
         finally:
@@ -145,14 +236,21 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             task, task_id = message.headers.get("task"), message.headers.get("id")
         except (KeyError, AttributeError):
             task = task_id = None
-        mover = getattr(self.store, "dead_letter", None)
-        if mover is None or str(task or "").startswith(WORKFLOW_TASKS):
+        if str(task or "").startswith(WORKFLOW_TASKS):
             # a workflow or step delivery whose handling failed (or that this worker does not know yet, as during
             # a rolling deploy) is retried with backoff until its queue's delivery limit moves it
             self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
             return
         error = f"rejected by its consumer: task {task} [{task_id}]" if task else "rejected by its consumer"
-        letter = mover(held.receipt, reason=dead_letters.REJECTED, error=error)
+        self._dead_letter(held, dead_letters.REJECTED, error)
+
+    def _dead_letter(self, held: Claim, reason: str, error: str) -> None:
+        """Move the held message to the dead letters and announce it (a store without dead letters backs it off)."""
+        mover = getattr(self.store, "dead_letter", None)
+        if mover is None:
+            self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
+            return
+        letter = mover(held.receipt, reason=reason, error=error)
         if letter is not None:
             self.connection.dead_lettered(letter, channel=self)
 
@@ -357,3 +455,8 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
         exchange = exchange or "amq.direct"
         self.state.binding_delete(queue, exchange, routing_key or "")
         self.store.unbind(exchange, routing_key or "", queue)
+
+
+def _expiring(store: BrokerStore) -> ExpiringStore:
+    """The store as one that honours a message's TTL (its ``expires_messages`` says so)."""
+    return cast(ExpiringStore, store)

@@ -11,7 +11,7 @@ Features
 * Supports Topic: Yes
 * Supports Fanout: Yes (bindings stored in the database: ``celery inspect``, remote control and Flower work)
 * Supports Priority: No
-* Supports TTL: Yes (``x-message-ttl``, ``x-expires``, auto_delete)
+* Supports TTL: Yes (``x-message-ttl``, ``x-expires``, auto_delete, and a message's own ``expiration``)
 * Delayed delivery: Yes (``properties["not_before"]`` or Celery's ``eta``/``countdown``: rows are not received
   before they are due)
 * Leases: received messages are claimed with ``FOR UPDATE SKIP LOCKED`` and hidden for ``lease_seconds``; the lease

@@ -18,7 +18,17 @@ from celery_workflow._backend.broker import QueuedMessage
 from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.world import Claim, ClaimedDelivery
 
-__all__ = ["BindingRow", "BrokerStore", "backoff", "decode_claims", "dumps", "message_due"]
+__all__ = [
+    "BindingRow",
+    "BrokerStore",
+    "ExpiringStore",
+    "backoff",
+    "decode_claims",
+    "dumps",
+    "envelope_problem",
+    "message_due",
+    "message_expiration",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +69,51 @@ def _epoch(value: Any) -> float | None:
 
 def message_due(message: Mapping[str, Any]) -> float | None:
     """Epoch seconds a message is due: ``properties["not_before"]``, else ``headers["eta"]``, else None (now)."""
-    props = message.get("properties") or {}
-    due = _epoch(props.get("not_before"))
-    if due is None:
-        due = _epoch((message.get("headers") or {}).get("eta"))
+    props, headers = message.get("properties"), message.get("headers")
+    due = _epoch(props.get("not_before")) if isinstance(props, dict) else None
+    if due is None and isinstance(headers, dict):
+        due = _epoch(headers.get("eta"))
     return due
+
+
+#: The transfer encodings of a stored body Kombu's virtual channel undoes (``body_encoding``; none: the body as is).
+BODY_ENCODINGS = ("base64", "utf-8")
+
+_TEXT_FIELDS = ("content-type", "content-encoding")
+
+
+def envelope_problem(payload: Mapping[str, Any]) -> None:
+    """ValueError when a stored message is no Kombu message Kombu could make a message object of: its headers or
+    properties not objects, its body, content type or content encoding not strings, or its body in a transfer encoding
+    Kombu does not know (Kombu's channel raises out of the consumer's drain on each of these, before any consumer sees
+    the message, so it would come back and break the drain again until its delivery limit). What the *body* says is
+    the consumer's to decode: a body that does not decode is dead-lettered when its consumer gives up on it (see
+    :class:`~celery_workflow.transport.channel.StoreMessage`)."""
+    for name in ("headers", "properties"):
+        if payload.get(name) is not None and not isinstance(payload[name], dict):
+            raise ValueError(f"its {name} are not an object")
+    for name in ("body", *_TEXT_FIELDS):
+        if payload.get(name) is not None and not isinstance(payload[name], str):
+            raise ValueError(f"its {name} is not a string")
+    encoding = (payload.get("properties") or {}).get("body_encoding")
+    if encoding is not None and not isinstance(encoding, str):
+        raise ValueError("its body_encoding is not a string")
+    if encoding and encoding.lower() not in BODY_ENCODINGS:
+        raise ValueError(f"its body is in an unknown transfer encoding {encoding[:40]!r}")
+
+
+def message_expiration(message: Mapping[str, Any]) -> float | None:
+    """The message's time to live in seconds, from its ``expiration`` property (AMQP's: non-negative whole
+    milliseconds as a string, as ``kombu.Producer.publish(expiration=seconds)`` and Celery's ``expires`` write it;
+    an int is taken too), or None. ValueError for anything else, as RabbitMQ refuses it at publish."""
+    value = (message.get("properties") or {}).get("expiration")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value / 1000
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+        return int(value) / 1000
+    raise ValueError(f"invalid expiration {str(value)[:40]!r}: non-negative whole milliseconds, like '30000'")
 
 
 def decode_claims(
@@ -93,13 +143,14 @@ def decode_claims(
             payload = _loads(claim.payload)
             if not isinstance(payload, dict):
                 raise ValueError("not a Kombu message object")
+            envelope_problem(payload)
         except ValueError as exc:
             logger.error("undecodable message %s on %r: %s", claim.receipt, claim.queue, exc)
             if not acked:
                 _bury(store, claim, dead_letters.UNDECODABLE, f"undecodable: {exc}", dead=dead, cap=cap)
             continue
         props = payload.get("properties")
-        if not isinstance(props, dict):
+        if props is None:
             props = payload["properties"] = {}
         info = props.get("delivery_info")
         if not isinstance(info, dict):
@@ -190,3 +241,20 @@ class BrokerStore(Protocol):
     def gc(self, *, consumer_timeout: float = ...) -> dict[str, int]: ...
     def change_token(self) -> Any: ...  # opaque: only ever handed back to wait_for_change
     def wait_for_change(self, token: Any, timeout: float) -> bool: ...
+
+
+class ExpiringStore(BrokerStore, Protocol):
+    """A :class:`BrokerStore` that honours a per-message TTL (``expires_messages = True``): ``ttl`` seconds after
+    the put, on the store's clock, the message expires; an expired message is never claimed, counted or delivered
+    (whatever its due time: the TTL counts from publishing, as Celery's ``expires`` and RabbitMQ's per-message TTL
+    do) and :meth:`gc` deletes it. A queue's ``x-message-ttl`` still applies; the earlier expiry wins."""
+
+    expires_messages: bool
+
+    def put(
+        self, queue: str, payload: bytes, *, not_before: float | None = ..., run_id: str | None = ...,
+        idempotency_key: str | None = ..., ttl: float | None = ...,
+    ) -> bool: ...  # fmt: skip
+    def put_fanout(
+        self, exchange: str, payload: bytes, *, not_before: float | None = ..., ttl: float | None = ...
+    ) -> int: ...
