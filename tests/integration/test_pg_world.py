@@ -452,9 +452,9 @@ def test_a_waiter_for_a_runs_end_does_not_reread_it_every_poll_interval(pg_url: 
 
 
 @pytest.mark.parametrize("output", [{"total": 3, "note": "é ✓"}, "x" * 2000])
-def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str, output: Any) -> None:
-    """A run's end NOTIFY carries the run's record when it is small: a waiter woken by it returns the run as stored
-    without reading it; a larger run is read as before."""
+def test_a_runs_end_notify_wakes_its_waiter_which_reads_it(pg_url: str, output: Any) -> None:
+    """A run's end NOTIFY names the run (nothing else: anyone who can connect may listen): the waiter it wakes reads
+    the run once and returns it as stored, well before its periodic re-check."""
     world, other = PostgresWorld.open(pg_url), PostgresWorld.open(pg_url)
     try:
         run_id = _new_run(world)
@@ -465,12 +465,14 @@ def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str
         deadline = time.monotonic() + 5
         while not reads and time.monotonic() < deadline:  # the waiter's first look (it found the run running)
             time.sleep(0.005)
+        ended_at = time.monotonic()
         other.append(run_id, [NewEvent(EventType.RUN_COMPLETED, None, {"output": output})])
         waiter.join(10)
+        assert time.monotonic() - ended_at < WAITER_RECHECK  # woken by the NOTIFY, not by the re-check
         ended = waited[0]
         assert ended == other.get_run(run_id)  # every field, as stored
         assert ended.output == output and ended.status is RunStatus.COMPLETED
-        assert len(reads) == (1 if len(str(output)) < 100 else 2)  # the first look; the big one read again
+        assert len(reads) == 2  # the first look, and the read its end's NOTIFY prompted
     finally:
         world.close()
         other.close()
@@ -478,7 +480,8 @@ def test_a_runs_end_notify_carries_it_so_its_waiter_need_not_read_it(pg_url: str
 
 def test_a_run_created_while_listening_is_waited_for_without_a_first_look(pg_url: str) -> None:
     """A process that listens already and creates a run needs no first read to wait for its end: the mark taken
-    before the creation catches an end that came before the wait began (no 5 s recheck), and the NOTIFY carries it."""
+    before the creation catches an end that came before the wait began (no 5 s recheck): the run is read once, when
+    its end's NOTIFY says it ended."""
     world, other = PostgresWorld.open(pg_url), PostgresWorld.open(pg_url)
     try:
         world.wait_for_terminal(_new_run(world), 0.01)  # now listening
@@ -487,10 +490,10 @@ def test_a_run_created_while_listening_is_waited_for_without_a_first_look(pg_url
         other.append(early, [NewEvent(EventType.RUN_CANCELLED, None, {})])  # ends before anyone waits
         started = time.monotonic()
         assert world.wait_for_terminal(early, 10.0).status is RunStatus.CANCELLED
-        assert time.monotonic() - started < WAITER_RECHECK and reads == []
+        assert time.monotonic() - started < WAITER_RECHECK and reads == [early]  # read once, after its NOTIFY
         late = _new_run(world, started=False)
         assert world.wait_for_terminal(late, 0.05).status is RunStatus.PENDING
-        assert reads == [late]  # only the look when the wait timed out; none before waiting
+        assert reads == [early, late]  # only the look when the wait timed out; none before waiting
     finally:
         world.close()
         other.close()
