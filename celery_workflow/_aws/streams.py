@@ -120,9 +120,9 @@ class AWSStreams:
     ) -> StreamPage:
         if start < 0:
             raise ValueError("start must be >= 0")
-        return wait_until(
+        return wait_until(  # a reader of an ended run waits for nothing (its run is read only when it would wait)
             lambda: self._read(run_id, name, start, limit),
-            lambda page: bool(page.chunks or page.closed),
+            lambda page: bool(page.chunks or page.closed) or self.world.get_run(run_id).status.terminal,
             timeout=max(wait, 0.0),
             poll_interval=self.world.poll_interval,
             mark=lambda: None,

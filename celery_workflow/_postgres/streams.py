@@ -10,9 +10,10 @@ Guarantees:
   committed finds them and does not write them again.
 * A closed stream takes no more chunks (:class:`~celery_workflow.errors.EventConflict`); closing is idempotent and
   notifies too. Streams outlive their run's end, not its deletion (retention).
-* A read is one statement (state and chunks from one snapshot). A waiting read takes a listener mark *before* it
-  reads, then waits for a notification on its stream or ``poll_interval`` at most, and reads again, so a lost
-  notification only adds latency.
+* A read is one statement (the run's status, the stream's state and chunks from one snapshot). A waiting read takes a
+  listener mark *before* it reads, then waits for a notification on its stream or ``poll_interval`` at most, and
+  reads again, so a lost notification only adds latency. A read of an ended run's stream never waits (nobody is
+  left to write or close it): it returns what is there, and a waiter returns within ``poll_interval`` of the end.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from celery_workflow._postgres.database import PgDatabase
 from celery_workflow._postgres.listener import CHANNEL_STREAMS, notify_sql
 from celery_workflow._postgres.script import Script, query
 from celery_workflow.errors import EventConflict, RunNotFound
+from celery_workflow.events import RunStatus
 from celery_workflow.world import StreamChunk, StreamPage
 
 __all__ = ["PgStreams", "stream_key"]
@@ -134,33 +136,38 @@ class PgStreams:
         if start < 0:
             raise ValueError("start must be >= 0")
         key = stream_key(run_id, name)
-        return wait_until(
+        page, _ = wait_until(  # a reader of an ended run waits for nothing: it reads what is there
             lambda: self._read(run_id, name, start, limit),
-            lambda page: bool(page.chunks or page.closed),
+            lambda read: bool(read[0].chunks or read[0].closed or read[1]),
             timeout=wait,
             poll_interval=self.poll_interval,
             mark=lambda: self.db.listener.mark(CHANNEL_STREAMS, key),
             wait=lambda mark, left: self.db.listener.wait(CHANNEL_STREAMS, mark, left, key=key),
         )
+        return page
 
-    def _read(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
-        def tx(conn: Conn) -> StreamPage:
+    def _read(self, run_id: str, name: str, start: int, limit: int | None) -> tuple[StreamPage, bool]:
+        """The page, and whether the run has ended (one statement: one snapshot)."""
+
+        def tx(conn: Conn) -> tuple[StreamPage, bool]:
             rows = query(
                 conn,
-                "SELECT s.closed, s.chunk_count, c.idx, c.data FROM celery_workflow_streams AS s"
+                "SELECT r.status, s.closed, s.chunk_count, c.idx, c.data FROM celery_workflow_runs AS r"
+                " LEFT JOIN celery_workflow_streams AS s ON s.run_id = r.run_id AND s.name = %s"
                 " LEFT JOIN LATERAL (SELECT idx, data FROM celery_workflow_stream_chunks"
                 "  WHERE run_id = s.run_id AND name = s.name AND idx >= %s ORDER BY idx LIMIT %s) AS c ON true"
-                " WHERE s.run_id = %s AND s.name = %s ORDER BY c.idx",
-                (start, None if limit is None else max(limit, 0), run_id, name),
+                " WHERE r.run_id = %s ORDER BY c.idx",
+                (name, start, None if limit is None else max(limit, 0), run_id),
             ).rows
             if not rows:
-                if query(conn, "SELECT 1 FROM celery_workflow_runs WHERE run_id = %s", (run_id,)).one() is None:
-                    raise RunNotFound(f"run {run_id} does not exist")
-                return StreamPage([], False, start)
-            closed, count = bool(rows[0][0]), int(rows[0][1])
-            chunks = [StreamChunk(int(idx), bytes(data)) for _, _, idx, data in rows if idx is not None]
+                raise RunNotFound(f"run {run_id} does not exist")
+            ended = RunStatus(rows[0][0]).terminal
+            if rows[0][1] is None:  # no such stream (yet)
+                return StreamPage([], False, start), ended
+            closed, count = bool(rows[0][1]), int(rows[0][2])
+            chunks = [StreamChunk(int(idx), bytes(data)) for _, _, _, idx, data in rows if idx is not None]
             next_index = start + len(chunks)
-            return StreamPage(chunks, closed and next_index >= count, next_index)
+            return StreamPage(chunks, closed and next_index >= count, next_index), ended
 
         return self.db.run(tx, what="stream read")
 

@@ -301,23 +301,28 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
     ) -> StreamPage:
         if start < 0:
             raise ValueError("start must be >= 0")
-        return wait_until(
+        page, _ = wait_until(  # a reader of an ended run waits for nothing: it reads what is there
             lambda: self._read_stream(run_id, name, start, limit),
-            lambda page: bool(page.chunks or page.closed),
+            lambda read: bool(read[0].chunks or read[0].closed or read[1]),
             timeout=max(wait, 0.0),
             poll_interval=self.poll_interval,
             mark=self._version,
             wait=self._wait,
         )
+        return page
 
-    def _read_stream(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
+    def _read_stream(self, run_id: str, name: str, start: int, limit: int | None) -> tuple[StreamPage, bool]:
+        """The page, and whether the run has ended (read in the same transaction)."""
         with self.transaction("DEFERRED") as conn:
+            run = conn.execute("SELECT status FROM celery_workflow_runs WHERE run_id = ?", (run_id,)).fetchone()
+            if run is None:
+                raise RunNotFound(f"run {run_id} does not exist")
+            ended = RunStatus(run[0]).terminal
             state = conn.execute(
                 "SELECT closed, chunk_count FROM celery_workflow_streams WHERE run_id = ? AND name = ?", (run_id, name)
             ).fetchone()
             if state is None:
-                self._require_run(conn, run_id)
-                return StreamPage([], False, start)
+                return StreamPage([], False, start), ended
             rows = conn.execute(
                 "SELECT idx, data FROM celery_workflow_stream_chunks WHERE run_id = ? AND name = ? AND idx >= ?"
                 " ORDER BY idx LIMIT ?",
@@ -325,7 +330,7 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
             ).fetchall()
         chunks = [StreamChunk(int(idx), bytes(data)) for idx, data in rows]
         next_index = start + len(chunks)
-        return StreamPage(chunks, bool(state[0]) and next_index >= int(state[1]), next_index)
+        return StreamPage(chunks, bool(state[0]) and next_index >= int(state[1]), next_index), ended
 
     def list_streams(self, run_id: str) -> list[str]:
         rows = self._read("SELECT name FROM celery_workflow_streams WHERE run_id = ? ORDER BY name", (run_id,), run_id)

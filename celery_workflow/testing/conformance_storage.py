@@ -1,7 +1,10 @@
-"""World conformance: run creation, appends (slots, atomicity, expected counts), views and listings."""
+"""World conformance: run creation, appends (slots, atomicity, expected counts), views, listings and the reading
+of an ended run's streams."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -291,6 +294,28 @@ class StorageConformance(Conformance):
             assert seen == expected
         with pytest.raises(InvalidCursor):
             world.list_runs(cursor=made[0].run_id)  # a run id is no cursor
+
+    def test_a_reader_of_an_ended_runs_open_stream_returns_what_is_there_without_waiting(self, world: World) -> None:
+        """Nobody is left to write or close the stream of an ended run: a read that may wait 30 s returns at once
+        with what is there (nothing more, not closed), and a reader waiting when the run ends returns too."""
+        run = create(world, started=True)
+        world.write_stream(run.run_id, "open", [codec.dumps_chunk("one")])
+        waiting: list[Any] = []
+        reader = threading.Thread(
+            target=lambda: waiting.append(world.read_stream(run.run_id, "open", start=1, wait=30))
+        )
+        reader.start()
+        world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=None)])
+        reader.join(10)
+        assert not reader.is_alive() and waiting[0].chunks == [] and not waiting[0].closed
+        started = time.monotonic()
+        page = world.read_stream(run.run_id, "open", wait=30)
+        assert [codec.loads(c.data) for c in page.chunks] == ["one"]
+        rest = world.read_stream(run.run_id, "open", start=page.next_index, wait=30)
+        never = world.read_stream(run.run_id, "never written", wait=30)
+        assert (rest.chunks, rest.closed, rest.next_index) == ([], False, 1)
+        assert (never.chunks, never.closed) == ([], False)
+        assert time.monotonic() - started < 10  # three reads, none of which waited out its 30 s
 
     def test_list_steps_hooks_and_waits_in_creation_order(self, world: World) -> None:
         run = create(world, started=True)

@@ -370,28 +370,33 @@ class MemoryWorld(TemplateWorld):
     ) -> StreamPage:
         if start < 0:
             raise ValueError("start must be >= 0")
-        return wait_until(
+        page, _ = wait_until(  # a reader of an ended run waits for nothing: it reads what is there
             lambda: self._read_stream(run_id, name, start, limit),
-            lambda page: bool(page.chunks or page.closed),
+            lambda read: bool(read[0].chunks or read[0].closed or read[1]),
             timeout=max(wait, 0.0),
             poll_interval=self.poll_interval,
             mark=lambda: self._version,
             wait=self._wait,
         )
+        return page
 
-    def _read_stream(self, run_id: str, name: str, start: int, limit: int | None) -> StreamPage:
+    def _read_stream(self, run_id: str, name: str, start: int, limit: int | None) -> tuple[StreamPage, bool]:
+        """The page, and whether the run has ended."""
         with self._cond:
-            stream = self._get(run_id).streams.get(name)
+            run = self._get(run_id)
+            ended = run.view.status.terminal
+            stream = run.streams.get(name)
             chunks = stream.chunks[start:] if stream is not None else []
             closed = stream is not None and stream.closed
             total = len(stream.chunks) if stream is not None else 0
         if limit is not None:
             chunks = chunks[: max(limit, 0)]
-        return StreamPage(
+        page = StreamPage(
             [StreamChunk(start + i, c) for i, c in enumerate(chunks)],
             closed and start + len(chunks) >= total,
             start + len(chunks),
         )
+        return page, ended
 
     def list_streams(self, run_id: str) -> list[str]:
         with self._cond:
