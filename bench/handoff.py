@@ -7,6 +7,9 @@ machine (its speed drifts by tens of percent over minutes). The first of the two
 
 ``--aa`` runs both with hand-offs on: an A/A control of the method (how far apart two identical setups come out).
 ``--swap`` puts the setup without hand-offs in the first slot, so an order or schema effect changes sign.
+``--workers N`` starts N workers per setup (N idle consumers of the queue: without hand-offs, each start's
+notification wakes every one of them and each tries to claim the row; with them, only the one handed the message
+wakes).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--block", type=int, default=50, help="runs of one setup before the other's turn")
     p.add_argument("--aa", action="store_true", help="both setups with hand-offs (a control)")
     p.add_argument("--swap", action="store_true", help="the setup without hand-offs first")
+    p.add_argument("--workers", type=int, default=1, help="worker processes per setup (idle consumers of the queue)")
     args = p.parse_args(argv)
     logdir = Path(tempfile.mkdtemp(prefix="cw-bench-handoff-"))
     sys.path.insert(0, str(ROOT))
@@ -60,10 +64,11 @@ def main(argv: list[str]) -> int:
             }
             client = _client(f"bench_handoff_{slot}", env)
             stack.callback(client.wf.close)
-            stack.enter_context(worker("bench.cw_app", env, "prefork", logdir / f"worker-{slot}.log"))
+            for n in range(args.workers):
+                stack.enter_context(worker("bench.cw_app", env, "prefork", logdir / f"worker-{slot}{n}.log"))
             setups.append((f"{slot}: hand-offs {'on' if flag == '1' else 'off'}", client))
         for _, client in setups:
-            for _ in range(20):  # both workers up and warm
+            for _ in range(20 * args.workers):  # the workers up and warm
                 client.one_step.start().result(timeout=60)
         latencies: dict[str, list[float]] = {name: [] for name, _ in setups}
         blocks: dict[str, list[float]] = {name: [] for name, _ in setups}
@@ -77,7 +82,10 @@ def main(argv: list[str]) -> int:
                 latencies[name] += block
                 blocks[name].append(statistics.median(block))
     (a, _), (b, _) = setups
-    print(f"{args.rounds} rounds of {args.block} one-step runs per setup, alternating; prefork pool, one process\n")
+    print(
+        f"{args.rounds} rounds of {args.block} one-step runs per setup, alternating; prefork pool,"
+        f" {args.workers} worker process{'es' if args.workers > 1 else ''} per setup\n"
+    )
     print("| setup | runs | p50 ms | p90 ms |\n| --- | ---: | ---: | ---: |")
     for name, values in latencies.items():
         q = statistics.quantiles(values, n=10)
