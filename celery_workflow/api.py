@@ -21,7 +21,16 @@ Webhooks are safe by default:
 * the ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` request headers are not recorded unless the webhook
   was created with ``keep_credentials=True``;
 * an unknown token, a plain hook's token and a webhook whose run has ended all get the same ``404``
-  (``hook_not_found``, one message), so a plain hook's existence is not revealed.
+  (``hook_not_found``, one message), so a plain hook's existence is not revealed;
+* the body limit holds as stated: with ``max_body=None`` a body of exactly :func:`default_max_body` bytes (binary
+  or text: it is stored base64-encoded) is accepted and one byte more is ``413``, for a request whose method,
+  headers and query string take at most :func:`webhook_room` bytes as recorded (more is ``431``
+  ``request_headers_too_large``, recording nothing);
+* a response, fixed or manual, is checked before it is sent: a status in 200-599, header names that are RFC 7230
+  tokens, one-line Latin-1 values (no CR, LF or NUL), no ``Content-Length`` or ``Transfer-Encoding``. A manual
+  response that fails gets the caller a ``500`` (``invalid_response``, a generic message) and is logged, and the
+  step's ``request.respond`` raises ``InvalidWebhookResponse``. A str body without a ``Content-Type`` is sent as
+  ``text/plain; charset=utf-8``, a JSON value as ``application/json``, bytes as ``application/octet-stream``.
 
 There is no authentication here: expose only :func:`webhook_blueprint` publicly, and wrap :func:`rpc_blueprint` in
 your own authentication (a ``before_request`` on the blueprint, or a private network). This is the only module that
@@ -30,7 +39,6 @@ knows Flask.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
@@ -46,6 +54,7 @@ from celery_workflow.errors import (
     EventConflict,
     EventInvalid,
     HookNotFound,
+    InvalidWebhookResponse,
     NotFound,
     PayloadError,
     PayloadTooLarge,
@@ -59,7 +68,13 @@ from celery_workflow.rpc import (
     METHODS,
     Methods,
 )
-from celery_workflow.runtime.context import WebhookRequest
+from celery_workflow.runtime.context import (
+    WebhookRequest,
+    check_headers,
+    check_response,
+    check_status,
+    response_body,
+)
 
 try:
     from flask import Blueprint, Flask, Response, current_app, request
@@ -73,10 +88,14 @@ if TYPE_CHECKING:
 
 #: Room for the JSON envelope (method, parameter names, escapes) an RPC body may take beyond the World's
 #: ``max_payload``. With ``max_body=None`` (the default) the RPC endpoint accepts ``world.max_payload + BODY_ROOM``
-#: bytes and a webhook ``world.max_payload * 3 // 4`` (its body is stored base64-encoded): what the World can store.
-#: A value that passes the body limit but not the World's (non-ASCII sent as ``\u`` escapes, large headers) is
-#: still refused with 413 before anything is written; pass ``max_body=`` to choose another limit.
+#: bytes and a webhook what :func:`default_max_body` says (its body is stored base64-encoded beside its headers).
+#: An RPC value that passes the body limit but not the World's (non-ASCII sent as ``\u`` escapes) is still refused
+#: with 413 before anything is written; pass ``max_body=`` to choose another limit.
 BODY_ROOM = 64 * 1024
+#: Room a webhook request's method, headers and query string take in the World beside its body (as recorded, in
+#: bytes of JSON): a request whose headers need more gets ``431`` and records nothing. A World whose ``max_payload``
+#: is under four times this gives them a quarter of it.
+WEBHOOK_ROOM = 16 * 1024
 #: How long a webhook caller waits for a ``respond_with="manual"`` response.
 WEBHOOK_RESPONSE_TIMEOUT = 30.0
 EXTENSION_KEY = "celery_workflow"
@@ -123,10 +142,19 @@ def error_response(exc: BaseException) -> Response:
     raise exc
 
 
+def webhook_room(wf: Workflows) -> int:
+    """The bytes a webhook request's method, headers and query string may take as recorded (:data:`WEBHOOK_ROOM`,
+    or a quarter of a small World's ``max_payload``)."""
+    return min(WEBHOOK_ROOM, wf.runtime.max_payload // 4)
+
+
 def default_max_body(wf: Workflows, *, webhook: bool = False) -> int:
-    """The body limit ``max_body=None`` stands for: what ``wf``'s World can store (see :data:`BODY_ROOM`)."""
+    """The body limit ``max_body=None`` stands for: what ``wf``'s World can store. For the RPC, ``max_payload`` and
+    :data:`BODY_ROOM`; for a webhook, the largest body whose base64 encoding fits in ``max_payload`` beside
+    :func:`webhook_room` bytes of method, headers and query string: a body of exactly this size is accepted (with
+    headers within the room), one byte more is 413."""
     limit = wf.runtime.max_payload
-    return limit * 3 // 4 if webhook else limit + BODY_ROOM
+    return (limit - webhook_room(wf)) // 4 * 3 if webhook else limit + BODY_ROOM
 
 
 def _read_body(limit: int) -> bytes | Response:
@@ -205,6 +233,8 @@ def _no_webhook() -> Response:
 def _webhook_view(wf: Workflows, max_body: int, response_timeout: float) -> Callable[[str], Response]:
     from celery_workflow.errors import WebhookUsed
 
+    room = webhook_room(wf)
+
     def webhook(token: str) -> Response:
         if request.method == "OPTIONS":  # answered without looking the token up
             resp = Response(status=204)
@@ -228,10 +258,18 @@ def _webhook_view(wf: Workflows, max_body: int, response_timeout: float) -> Call
         req = WebhookRequest.build(
             request.method,
             {k: v for k, v in request.headers.items()},
-            body,
+            b"",
             request.query_string.decode("latin-1"),
             response_stream=stream,
         )
+        around = codec.encoded_size(req.to_payload())  # what the request takes beside its body, as recorded
+        if around > room:
+            return _error(
+                431,
+                "request_headers_too_large",
+                f"the request's headers and query string take {around} bytes; a webhook records at most {room}",
+            )
+        req = WebhookRequest.build(req.method, req.headers, body, req.query, response_stream=stream)
         try:
             # The runtime drops credential headers unless the webhook keeps them, and a webhook that answers once
             # takes the first request the World's append accepts; a later or losing one is WebhookUsed.
@@ -256,26 +294,42 @@ def _accepted() -> Response:
     return Response(json.dumps({"accepted": True}), status=202, mimetype="application/json")
 
 
+def _response(status: int, headers: dict[str, str], body: bytes, content_type: str) -> Response:
+    """A checked webhook response; ``content_type`` unless ``headers`` set one."""
+    resp = Response(body, status=status)
+    for key, value in headers.items():
+        resp.headers[key] = value
+    if "content-type" not in {k.lower() for k in headers}:
+        resp.headers["Content-Type"] = content_type
+    return resp
+
+
 def _fixed_response(spec: dict[str, Any]) -> Response:
     """The fixed response of a webhook, checked by ``create_webhook``. A malformed one (a webhook recorded before
     that check) answers 202 after a warning: its request is recorded already."""
-    from celery_workflow.errors import InvalidWebhookResponse
-    from celery_workflow.runtime.context import check_response
-
     try:
         check_response(spec)
     except InvalidWebhookResponse as exc:
         log.warning("webhook fixed response ignored: %s", exc.message)
         return _accepted()
     body = spec.get("body", "")
-    headers: dict[str, str] = dict(spec.get("headers", {}))
-    payload = body if isinstance(body, str) else json.dumps(body)
-    resp = Response(payload, status=spec.get("status", 200))
-    for key, value in headers.items():
-        resp.headers[key] = value
-    if not isinstance(body, str) and "content-type" not in {k.lower() for k in headers}:
-        resp.mimetype = "application/json"
-    return resp
+    status, headers = spec.get("status", 200), check_headers(spec.get("headers", {}), "respond_with")
+    if isinstance(body, str):
+        return _response(status, headers, body.encode(), "text/plain; charset=utf-8")
+    return _response(status, headers, json.dumps(body).encode(), "application/json")
+
+
+def _manual_response(spec: Any) -> Response:
+    """The response a step recorded with ``request.respond``, checked again here (a refused one is recorded as
+    ``{"invalid": reason}``): InvalidWebhookResponse if it may not be sent."""
+    if not isinstance(spec, dict):
+        raise InvalidWebhookResponse(f"a manual response is a mapping, not {type(spec).__name__}")
+    if "invalid" in spec:
+        raise InvalidWebhookResponse(str(spec["invalid"]))
+    status = check_status(spec.get("status", 200), "the response")
+    headers = check_headers(spec.get("headers", {}), "the response")
+    body, content_type = response_body(spec)
+    return _response(status, headers, body, content_type)
 
 
 def _await_response(wf: Workflows, run_id: str, stream: str, timeout: float) -> Response:
@@ -284,18 +338,11 @@ def _await_response(wf: Workflows, run_id: str, stream: str, timeout: float) -> 
         left = deadline - time.monotonic()
         page = wf.world.read_stream(run_id, stream, start=0, limit=1, wait=max(0.0, min(left, 5.0)))
         if page.chunks:
-            spec = codec.loads(page.chunks[0].data)
-            resp = Response(status=int(spec.get("status", 200)))
-            if "body_b64" in spec:
-                resp.set_data(base64.b64decode(spec["body_b64"]))
-            elif "text" in spec:
-                resp.set_data(spec["text"])
-            else:
-                resp.set_data(json.dumps(spec.get("json")))
-                resp.mimetype = "application/json"
-            for key, value in dict(spec.get("headers", {})).items():
-                resp.headers[str(key)] = str(value)
-            return resp
+            try:
+                return _manual_response(codec.loads(page.chunks[0].data))
+            except (InvalidWebhookResponse, PayloadError) as exc:
+                log.error("run %s: its webhook response was refused: %s", run_id, exc.message)
+                return _error(500, "invalid_response", "the workflow's response to this request was invalid")
         if left <= 0:
             return _error(504, "response_timeout", f"the workflow did not respond within {timeout:g} s")
         if wf.world.get_run(run_id).status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import random as _random
+import re
 import uuid as _uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -18,7 +19,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 from celery_workflow import codec
-from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, InvalidWebhookResponse, StepFailed
+from celery_workflow.errors import (
+    CeleryWorkflowError,
+    ConfigurationError,
+    InvalidWebhookResponse,
+    PayloadError,
+    StepFailed,
+)
 
 if TYPE_CHECKING:
     from celery_workflow.runtime.replay import Replay
@@ -161,9 +168,11 @@ def create_webhook(
     """A hook resumed by an HTTP request to ``webhook.url``; ``wait()`` returns the :class:`WebhookRequest`.
 
     ``respond_with``: None answers the caller ``202 Accepted``; a mapping ``{"status", "headers", "body"}`` is the
-    fixed response (``status`` an int in 100-599, default 200; ``headers`` str to str; ``body`` a str or a JSON value,
-    default ``""``), checked here: a malformed one raises :class:`~celery_workflow.errors.InvalidWebhookResponse`
-    before anything is written; ``"manual"`` holds the caller until a step calls ``request.respond(...)``.
+    fixed response (``status`` an int in 200-599, default 200; ``headers`` str to str, names RFC 7230 tokens, values
+    one line of Latin-1, no ``Content-Length`` or ``Transfer-Encoding``; ``body`` a str, sent as ``text/plain;
+    charset=utf-8`` unless a ``Content-Type`` is given, or a JSON value, default ``""``), checked here: a malformed
+    one raises :class:`~celery_workflow.errors.InvalidWebhookResponse` before anything is written; ``"manual"``
+    holds the caller until a step calls ``request.respond(...)``, checked the same way.
 
     ``many``: by default a webhook answers **once**: its first request is recorded, later ones get ``410 Gone`` and
     record nothing (the World's append decides, so two simultaneous first requests record exactly one), and a second
@@ -186,7 +195,16 @@ def create_webhook(
 RESPONSE_FIELDS = frozenset({"status", "headers", "body"})
 #: Request headers a webhook drops before recording the request unless created with ``keep_credentials=True``.
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+#: Response headers a webhook's response may not set: the server frames the body itself, and a false
+#: ``Content-Length`` or a ``Transfer-Encoding`` would desynchronise the connection.
+FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding"})
+#: The statuses a webhook may answer with: final responses only (a 1xx is interim: a client would keep waiting).
+RESPONSE_STATUSES = range(200, 600)
+#: The ``Content-Type`` of a response body given as a str, as bytes, or as a JSON value, when its headers set none.
+TEXT_TYPE, BYTES_TYPE, JSON_TYPE = "text/plain; charset=utf-8", "application/octet-stream", "application/json"
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+#: A header value: tab, visible ASCII, space and obs-text (RFC 7230 3.2): no CR, LF, NUL or other control character.
+_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 def webhook_options(data: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -197,6 +215,49 @@ def webhook_options(data: Mapping[str, Any]) -> tuple[bool, bool]:
     headers from then on (dropping a header strands nothing).
     """
     return bool(data.get("many", True)), bool(data.get("keep_credentials", False))
+
+
+def check_status(status: Any, what: str) -> int:
+    """``status`` if it is an int in :data:`RESPONSE_STATUSES`; InvalidWebhookResponse if not."""
+    if isinstance(status, bool) or not isinstance(status, int) or status not in RESPONSE_STATUSES:
+        raise InvalidWebhookResponse(f"{what} status must be an int in 200-599, not {status!r}")
+    return status
+
+
+def check_headers(headers: Any, what: str) -> dict[str, str]:
+    """``headers`` as a dict if it maps header names (RFC 7230 tokens) to one-line values (no CR, LF, NUL or other
+    control character, Latin-1 only) and sets none of :data:`FRAMING_HEADERS`; InvalidWebhookResponse if not."""
+    if headers is None:
+        return {}
+    if not isinstance(headers, Mapping):
+        raise InvalidWebhookResponse(f"{what} headers must be a mapping of str to str, not {headers!r}")
+    for name, value in headers.items():
+        if not isinstance(name, str) or not name or not set(name) <= _TOKEN_CHARS:
+            raise InvalidWebhookResponse(f"{what} header name {name!r} is not a valid HTTP header name")
+        if not isinstance(value, str) or not _VALUE.fullmatch(value):
+            raise InvalidWebhookResponse(
+                f"{what} header {name!r} must have a one-line str value of Latin-1 characters, not {value!r}"
+            )
+        if name.lower() in FRAMING_HEADERS:
+            raise InvalidWebhookResponse(f"{what} may not set {name}: the server frames the body itself")
+    return dict(headers)
+
+
+def response_body(spec: Mapping[str, Any]) -> tuple[bytes, str]:
+    """The body of a manual response as :meth:`WebhookRequest.respond` records it (``body_b64``, ``text`` or
+    ``json``), with the ``Content-Type`` it has when its headers set none. InvalidWebhookResponse if malformed."""
+    forms = [key for key in ("body_b64", "text", "json") if key in spec]
+    if len(forms) != 1:
+        raise InvalidWebhookResponse("a manual response has exactly one of body_b64, text and json")
+    value = spec[forms[0]]
+    try:
+        if forms[0] == "body_b64":
+            return base64.b64decode(str(value), validate=True), BYTES_TYPE
+        if forms[0] == "text":
+            return str(value).encode("utf-8"), TEXT_TYPE
+        return json.dumps(value, allow_nan=False).encode(), JSON_TYPE
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise InvalidWebhookResponse(f"a manual response's body cannot be sent: {exc}") from None
 
 
 def check_response(respond_with: Any) -> Mapping[str, Any] | str | None:
@@ -212,17 +273,8 @@ def check_response(respond_with: Any) -> Mapping[str, Any] | str | None:
         raise InvalidWebhookResponse(
             f"respond_with has unknown keys {sorted(map(str, unknown))}; it takes {sorted(RESPONSE_FIELDS)}"
         )
-    status = respond_with.get("status", 200)
-    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
-        raise InvalidWebhookResponse(f"respond_with status must be an int in 100-599, not {status!r}")
-    headers = respond_with.get("headers", {})
-    if not isinstance(headers, Mapping):
-        raise InvalidWebhookResponse(f"respond_with headers must be a mapping of str to str, not {headers!r}")
-    for name, value in headers.items():
-        if not isinstance(name, str) or not name or not set(name) <= _TOKEN_CHARS:
-            raise InvalidWebhookResponse(f"respond_with header name {name!r} is not a valid HTTP header name")
-        if not isinstance(value, str) or "\r" in value or "\n" in value:
-            raise InvalidWebhookResponse(f"respond_with header {name!r} must have a one-line str value, not {value!r}")
+    check_status(respond_with.get("status", 200), "respond_with")
+    check_headers(respond_with.get("headers", {}), "respond_with")
     body = respond_with.get("body", "")
     if not isinstance(body, str):
         try:
@@ -340,17 +392,34 @@ class WebhookRequest:
         return self.body.decode()
 
     def respond(self, body: Any = None, *, status: int = 200, headers: Mapping[str, str] | None = None) -> None:
-        """Answer the waiting HTTP caller (inside a step). ``body``: bytes, str, or a JSON value."""
+        """Answer the waiting HTTP caller (inside a step). ``body``: bytes, str (sent as ``text/plain;
+        charset=utf-8`` unless ``headers`` set a ``Content-Type``), or a JSON value (``application/json``).
+
+        Checked as a fixed response is: ``status`` an int in 200-599, header names RFC 7230 tokens, values one line
+        of Latin-1 (no CR, LF or NUL), no ``Content-Length`` or ``Transfer-Encoding`` (the server frames the body).
+        A malformed response raises :class:`~celery_workflow.errors.InvalidWebhookResponse` here, and the caller
+        gets a ``500`` with a generic body at once rather than a response it was not meant to see."""
         if self.response_stream is None:
             raise ConfigurationError("this webhook was not created with respond_with='manual'")
-        if isinstance(body, (bytes, bytearray)):
-            content: dict[str, Any] = {"body_b64": base64.b64encode(bytes(body)).decode()}
-        elif isinstance(body, str):
-            content = {"text": body}
-        else:
-            content = {"json": codec.to_json(body)}
         writer = get_writable(self.response_stream)
-        writer.write({"status": int(status), "headers": dict(headers or {}), **content})
+        try:
+            spec: dict[str, Any] = {
+                "status": check_status(status, "the response"),
+                "headers": check_headers(headers, "the response"),
+            }
+            if isinstance(body, (bytes, bytearray)):
+                spec["body_b64"] = base64.b64encode(bytes(body)).decode()
+            elif isinstance(body, str):
+                spec["text"] = body
+            else:
+                spec["json"] = codec.to_json(body)
+            writer.write(spec)
+        except InvalidWebhookResponse as exc:
+            _refuse(writer, exc)
+            raise
+        except PayloadError as exc:  # a body that cannot be encoded, or too large to record
+            _refuse(writer, exc)
+            raise InvalidWebhookResponse(f"the response cannot be recorded: {exc.message}") from exc
         writer.close()
 
     def to_payload(self) -> dict[str, Any]:
@@ -371,6 +440,16 @@ class WebhookRequest:
             query=str(data.get("query", "")),
             response_stream=data.get("response_stream"),
         )
+
+
+def _refuse(writer: StreamWriter, exc: CeleryWorkflowError) -> None:
+    """Record that the response was refused, so the waiting caller gets its 500 now (a step retried after a refusal
+    finds the stream closed: the caller has had its answer)."""
+    try:
+        writer.write({"invalid": codec.cut(exc.message, 1024)})
+        writer.close()
+    except CeleryWorkflowError:
+        pass
 
 
 class Webhook(Hook[WebhookRequest]):
