@@ -7,7 +7,16 @@
 ``POST {prefix}/rpc`` takes ``{"method": ..., "params": {...}}`` (methods in :data:`METHODS`) and answers JSON:
 ``{"result": ...}`` or ``{"error": {"code", "message"}}`` with 400 (malformed body or invalid params), 404 (unknown
 method, workflow, run or token), 405 (not POST), 409 (conflict), 413 (too large), 503 (the World is unreachable).
-Bad input never yields a 500 and never changes anything.
+Bad input never yields a 500 and never changes anything. What it answers is bounded (:mod:`celery_workflow.rpc`):
+
+* ``start`` answers only the run's id, workflow and status, also when ``run_id`` names a run started before with the
+  same workflow and arguments (``created`` false); the id of a run of another workflow or with other arguments is a
+  409 that names neither;
+* listings (``list_runs``, ``list_events``, ``list_steps``, ``read_stream``) are paged with cursors and at most
+  ``rpc.MAX_RESPONSE`` bytes; in a page of more than one item a value over ``rpc.MAX_LISTED_VALUE`` bytes is left out
+  and named in the item's ``truncated``; a page of one item (``limit=1``) and ``get_step`` answer values whole;
+* hook tokens in event data are shown as ``"(hidden)"`` unless ``authorize(request, "reveal_token")`` allows them
+  (without ``authorize``, never).
 
 ``ANY {prefix}/webhooks/<token>`` resumes a hook created with ``create_webhook()`` (plain hooks are not reachable
 from outside: their tokens may be guessable). It answers 202, the webhook's fixed response, or, for
@@ -54,6 +63,7 @@ from celery_workflow.errors import (
     EventConflict,
     EventInvalid,
     HookNotFound,
+    InvalidCursor,
     InvalidWebhookResponse,
     NotFound,
     PayloadError,
@@ -64,10 +74,7 @@ from celery_workflow.errors import (
     WorldError,
 )
 from celery_workflow.events import RunStatus
-from celery_workflow.rpc import (
-    METHODS,
-    Methods,
-)
+from celery_workflow.rpc import METHODS, InvalidParams, Methods
 from celery_workflow.runtime.context import (
     WebhookRequest,
     check_headers,
@@ -129,7 +136,7 @@ def error_response(exc: BaseException) -> Response:
         return _error(404, "not_found", exc.message)
     if isinstance(exc, PayloadTooLarge):
         return _error(413, "payload_too_large", exc.message)
-    if isinstance(exc, (PayloadError, EventInvalid)):
+    if isinstance(exc, (PayloadError, EventInvalid, InvalidParams, InvalidCursor)):
         return _error(400, "invalid_params", exc.message)
     if isinstance(exc, TooEarly):
         return _error(409, "too_early", exc.message)
@@ -171,7 +178,10 @@ def _read_body(limit: int) -> bytes | Response:
 
 
 def _rpc_view(wf: Workflows, max_body: int, authorize: Authorize | None) -> Callable[[], Response]:
-    methods = Methods(wf)
+    def may_reveal() -> bool:  # hook tokens in event data: only for a caller authorize lets see them
+        return authorize is not None and bool(authorize(request, "reveal_token"))
+
+    methods = Methods(wf, may_reveal)
 
     def rpc() -> Response:
         if request.method != "POST":

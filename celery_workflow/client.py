@@ -304,27 +304,52 @@ class HTTPRun:
         self._client.cancel(self.id, reason)
 
     def events(self) -> list[dict[str, Any]]:
+        """Every event, each whole (one a page left out for its size is read again alone)."""
         out: list[dict[str, Any]] = []
         after = 0
         while True:
             page = self._client.call("list_events", {"run_id": self.id, "after_slot": after})
-            out.extend(page["events"])
+            for event in page["events"]:
+                whole = event
+                if event.get("truncated"):
+                    params = {"run_id": self.id, "after_slot": int(event["slot"]) - 1, "limit": 1}
+                    whole = self._client.call("list_events", params)["events"][0]
+                out.append(whole)
             if page["cursor"] is None:
                 return out
             after = int(page["cursor"])
 
     def steps(self) -> list[dict[str, Any]]:
-        steps: list[dict[str, Any]] = self._client.call("list_steps", {"run_id": self.id})["steps"]
-        return steps
+        """Every step in the order they were created, each whole (see :meth:`events`)."""
+        out: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"run_id": self.id}
+        while True:
+            page = self._client.call("list_steps", params)
+            for step in page["steps"]:
+                whole = step
+                if step.get("truncated"):
+                    whole = self._client.call("get_step", {"run_id": self.id, "step_id": step["step_id"]})["step"]
+                out.append(whole)
+            if page.get("cursor") is None:
+                return out
+            params = {"run_id": self.id, "after": page["cursor"]}
 
     def stream(self, name: str = "default", start: int = 0, *, timeout: float | None = None) -> Iterator[Any]:
         """Yield the stream's values from ``start`` as they are written, until it closes (or the run ends)."""
         client = self._client
 
+        def whole(chunk: dict[str, Any]) -> dict[str, Any]:
+            if not chunk.get("truncated"):
+                return chunk
+            params = {"run_id": self.id, "name": name, "start": int(chunk["index"]), "limit": 1}
+            first: dict[str, Any] = client.call("read_stream", params)["chunks"][0]
+            return first
+
         def read(index: int, wait: float) -> tuple[list[Any], bool, int]:
             params = {"run_id": self.id, "name": name, "start": index, "wait": wait}
             page = client.call("read_stream", params, timeout=wait + client.timeout)
-            values = [base64.b64decode(c["bytes_b64"]) if "bytes_b64" in c else c["value"] for c in page["chunks"]]
+            chunks = [whole(c) for c in page["chunks"]]
+            values = [base64.b64decode(c["bytes_b64"]) if "bytes_b64" in c else c["value"] for c in chunks]
             return values, bool(page["closed"]), int(page["next_index"])
 
         return _follow(
