@@ -5,7 +5,11 @@
 * :func:`status_counts`: runs per status among the newest :data:`COUNT_WINDOW` runs (the World protocol has no count,
   so this is one bounded listing, not a count of every run);
 * :func:`event_data`: an event's data as the event log shows it, hook tokens hidden;
-* formatting of times, durations, JSON values and stream chunks.
+* formatting of times, durations, JSON values and stream chunks: a value in a list (a step's result, an event's data,
+  a stream chunk) is cut at :data:`MAX_LISTED` bytes with a marker, and the page links to where it is shown whole.
+
+The run page reads its log in batches of :data:`EVENT_BATCH` and keeps of each event only what the timeline shows
+(:func:`slim`): a run of large values costs the server a batch of them at a time, not the whole log.
 
 Times are those the World recorded with the events: a step's duration is the time between the appends that recorded
 its start and its end, which is what the log knows.
@@ -14,28 +18,37 @@ its start and its end, which is what the log knows.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery_workflow import codec
 from celery_workflow.errors import PayloadError
-from celery_workflow.events import Event, EventType, RunStatus, RunView, StepView
+from celery_workflow.events import Event, EventType, RunStatus, RunView
+from celery_workflow.rpc import TOKEN_EVENTS, TOKEN_FIELDS
 from celery_workflow.world import Page, World
 
 #: How many of the newest runs the status counts look at.
 COUNT_WINDOW = 500
 #: What a hidden hook token is shown as.
 HIDDEN = "•••••• (hidden)"
-#: The longest JSON text shown for one value (a longer one is cut with a marker).
+#: The longest JSON text shown for one value on its own (a run's input or output; a longer one is cut with a marker).
 MAX_SHOWN = 64 * 1024
+#: The longest JSON text shown for a value in a list (a step's result or error in the timeline, an event's data, a
+#: stream chunk, a hook's metadata); a longer one is cut with a marker and a link to it whole.
+MAX_LISTED = 2 * 1024
+#: The longest text of a value on a page of its own (a step, an event, a run's input): any stored value fits.
+MAX_WHOLE = 4 * 1_048_576
 #: The most events the timeline reads (in pages of :data:`EVENT_BATCH`).
 MAX_TIMELINE_EVENTS = 10_000
-EVENT_BATCH = 1000
-#: The event data fields that carry a hook token.
-TOKEN_FIELDS = frozenset({"token"})
+EVENT_BATCH = 100
+#: The event data fields the run page keeps (:func:`slim`); a step's result is kept as a cut preview.
+TIMELINE_FIELDS = frozenset(
+    {"step_name", "mode", "queue", "attempt", "owner", "retry_after", "resume_at", "is_webhook", "continues"}
+)
 
 
 # -- formatting --------------------------------------------------------------------------------------------------------
@@ -86,15 +99,37 @@ def show_json(value: Any, *, limit: int = MAX_SHOWN, compact: bool = False) -> s
     return codec.cut(text, limit)
 
 
-def show_chunk(data: bytes) -> str:
-    """A stream chunk as text: its JSON value, or ``bytes (N): <base64>`` for raw bytes."""
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """A value's text on a page and whether it was cut (the page then links to it whole)."""
+
+    text: str
+    cut: bool
+
+
+def preview(value: Any, *, limit: int = MAX_LISTED, compact: bool = False) -> Shown:
+    """:func:`show_json` at ``limit`` bytes, saying whether it was cut."""
+    whole = show_json(value, limit=MAX_WHOLE, compact=compact)
+    text = codec.cut(whole, limit)
+    return Shown(text, text != whole)
+
+
+def show_chunk(data: bytes, limit: int = MAX_SHOWN) -> str:
+    """A stream chunk as text: its JSON value, or ``bytes (N): <base64>`` for raw bytes, cut at ``limit`` bytes."""
+    return chunk_preview(data, limit).text
+
+
+def chunk_preview(data: bytes, limit: int = MAX_LISTED) -> Shown:
+    """A stream chunk's text (see :func:`show_chunk`) at ``limit`` bytes, saying whether it was cut."""
     try:
         value = codec.loads(data)
     except (ValueError, PayloadError):
-        return f"undecodable chunk of {len(data)} bytes"
+        return Shown(f"undecodable chunk of {len(data)} bytes", False)
     if isinstance(value, bytes):
-        return codec.cut(f"bytes ({len(value)}): {base64.b64encode(value).decode()}", MAX_SHOWN)
-    return show_json(value)
+        text = f"bytes ({len(value)}): {base64.b64encode(value).decode()}"
+        shown = codec.cut(text, limit)
+        return Shown(shown, shown != text)
+    return preview(value, limit=limit)
 
 
 def error_text(error: Mapping[str, Any] | None) -> str:
@@ -163,30 +198,63 @@ class Item:
     due_at: datetime | None = None
     received: int = 0
     error: Mapping[str, Any] | None = None
-    output: Any = None
-    has_output: bool = False
+    output: Shown | None = None  # a step's result, cut at MAX_LISTED
+
+    @property
+    def has_output(self) -> bool:
+        return self.output is not None
 
     @property
     def duration(self) -> timedelta | None:
         return None if self.ended_at is None else self.ended_at - self.created_at
 
 
+def _cut_error(error: Any) -> Any:
+    """A recorded error with its message and traceback cut for a list (:data:`MAX_LISTED` each)."""
+    if not isinstance(error, Mapping):
+        return error
+    out = dict(error)
+    for key in ("message", "traceback"):
+        if isinstance(out.get(key), str):
+            out[key] = codec.cut(out[key], MAX_LISTED)
+    return out
+
+
+def slim(ev: Event) -> Event:
+    """``ev`` with only the data the timeline shows: :data:`TIMELINE_FIELDS`, an error cut for a list and, for a
+    completed step, its result as a cut preview (``result_shown``)."""
+    data: dict[str, Any] = {k: v for k, v in ev.data.items() if k in TIMELINE_FIELDS}
+    if "error" in ev.data:
+        data["error"] = _cut_error(ev.data["error"])
+    if ev.event_type is EventType.STEP_COMPLETED:
+        data["result_shown"] = preview(ev.data.get("result"))
+    return dataclasses.replace(ev, data=data)
+
+
 def read_events(world: World, run_id: str, *, limit: int = MAX_TIMELINE_EVENTS) -> tuple[list[Event], bool]:
-    """The run's first ``limit`` events, read in pages; True when the log goes on beyond them."""
+    """The run's first ``limit`` events, read in batches and :func:`slim`; True when the log goes on beyond them."""
     events: list[Event] = []
     while len(events) < limit:
         batch = world.list_events(run_id, after_slot=events[-1].slot if events else 0, limit=EVENT_BATCH)
-        events.extend(batch)
+        events.extend(slim(ev) for ev in batch)
         if len(batch) < EVENT_BATCH:
             return events[:limit], False
     more = bool(world.list_events(run_id, after_slot=events[limit - 1].slot, limit=1))
     return events[:limit], more
 
 
-def timeline(run: RunView, events: Iterable[Event], steps: Sequence[StepView]) -> list[Item]:
-    """Steps, sleeps and hooks in the order of their first event; step status, queue and result from the views."""
+#: ``queue_of(step_name)``: the queue a step is routed to (None: the run's), or :data:`UNKNOWN` for a step the
+#: inspector's Workflows does not know (served on a World alone).
+QueueOf = Callable[[str], "str | None"]
+UNKNOWN = "?"
+
+
+def timeline(run: RunView, events: Iterable[Event], queue_of: QueueOf | None = None) -> list[Item]:
+    """Steps, sleeps and hooks in the order of their first event, each step's status, result and error as its
+    events record them. A step's queue: the one its ``step_created`` records, else the one ``queue_of`` says it is
+    routed to (the run's when it is not routed; none shown when the step is unknown). A step run inline ran in the
+    run's own delivery, on the run's queue."""
     items: dict[str, Item] = {}
-    views = {step.step_id: step for step in steps}
     for ev in events:
         cid = ev.correlation_id
         if cid is None:
@@ -194,20 +262,15 @@ def timeline(run: RunView, events: Iterable[Event], steps: Sequence[StepView]) -
         kind = ev.event_type
         item = items.get(cid)
         if kind is EventType.STEP_CREATED:
-            view = views.get(cid)
+            name = str(ev.data.get("step_name", cid))
+            mode = str(ev.data.get("mode")) if ev.data.get("mode") else None
             items[cid] = Item(
-                "step",
-                cid,
-                str(ev.data.get("step_name", cid)),
-                view.status.value if view else "pending",
-                ev.slot,
-                ev.created_at,
-                mode=str(ev.data.get("mode")) if ev.data.get("mode") else None,
-                queue=(view.queue if view else None) or ev.data.get("queue") or run.queue,
+                "step", cid, name, "pending", ev.slot, ev.created_at, mode=mode, queue=_step_queue(run, ev, queue_of)
             )
         elif kind is EventType.STEP_STARTED and item is not None:
             number = int(ev.data.get("attempt", len(item.attempts) + 1))
             item.attempts.append(Attempt(number, ev.created_at, owner=ev.data.get("owner")))
+            item.status = "running"
         elif kind in (EventType.STEP_COMPLETED, EventType.STEP_FAILED, EventType.STEP_RETRYING) and item is not None:
             _end_attempt(item, ev)
         elif kind is EventType.WAIT_CREATED:
@@ -227,16 +290,21 @@ def timeline(run: RunView, events: Iterable[Event], steps: Sequence[StepView]) -
         elif kind is EventType.HOOK_DISPOSED and item is not None:
             item.status, item.ended_at = "disposed", ev.created_at
     for item in items.values():
-        view = views.get(item.correlation_id)
-        if item.kind == "step" and view is not None:
-            item.status = view.status.value
-            item.error = view.error
-            item.has_output = view.status.value == "completed"
-            item.output = view.output
-            item.ended_at = view.completed_at
-        elif item.kind != "step" and item.status in ("waiting", "received") and run.status.terminal:
+        if item.kind != "step" and item.status in ("waiting", "received") and run.status.terminal:
             item.status = "ended with the run" if item.status == "waiting" else item.status
     return sorted(items.values(), key=lambda i: i.slot)
+
+
+def _step_queue(run: RunView, created: Event, queue_of: QueueOf | None) -> str | None:
+    recorded = created.data.get("queue")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    if created.data.get("mode") == "inline":
+        return run.queue
+    routed = queue_of(str(created.data.get("step_name"))) if queue_of is not None else UNKNOWN
+    if routed == UNKNOWN:
+        return None
+    return routed or run.queue
 
 
 def _end_attempt(item: Item, ev: Event) -> None:
@@ -252,6 +320,14 @@ def _end_attempt(item: Item, ev: Event) -> None:
     attempt.error = ev.data.get("error")
     retry_after = ev.data.get("retry_after")
     attempt.retry_after = _parse(retry_after) if retry_after else None
+    if ev.event_type is EventType.STEP_COMPLETED:
+        item.status, item.ended_at = "completed", ev.created_at
+        shown = ev.data.get("result_shown")
+        item.output = shown if isinstance(shown, Shown) else preview(ev.data.get("result"))
+    elif ev.event_type is EventType.STEP_FAILED:
+        item.status, item.ended_at, item.error = "failed", ev.created_at, ev.data.get("error")
+    else:  # retrying: pending again until its next attempt
+        item.status, item.error = "pending", ev.data.get("error")
 
 
 def _parse(value: Any) -> datetime | None:
@@ -262,9 +338,10 @@ def _parse(value: Any) -> datetime | None:
 
 
 def event_data(ev: Event) -> dict[str, Any]:
-    """An event's data for the event log: the token of a hook's creation (or conflict) hidden."""
+    """An event's data for the event log: a hook token in it hidden (``hook_created``, ``hook_conflict``, and
+    ``hook_disposed``, which once recorded the token another run took over)."""
     data = dict(ev.data)
-    if ev.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
+    if ev.event_type in TOKEN_EVENTS:
         for key in TOKEN_FIELDS & set(data):
             data[key] = HIDDEN
     return data

@@ -1,9 +1,15 @@
 """The inspector's blueprint and its pages: the runs list, a run, a stream, the live tail and the dead letters.
 
-Every page reads the World through its protocol only (``list_runs``, ``get_run``, ``list_events``, ``list_steps``,
+Every page reads the World through its protocol only (``list_runs``, ``get_run``, ``list_events``, ``get_step``,
 ``list_waits``, ``list_hooks``, ``list_streams``, ``read_stream``) and the dead letters through
 :func:`~celery_workflow.dead_letters.dead_letter_store`, so it works on every World. Bad query parameters get a 400
 page, an unknown run a 404 page, an unreachable World a 503 page; the POST actions are in :mod:`.actions`.
+
+Every page is bounded, whatever a run holds: lists are paged (the timeline by :data:`TIMELINE_PAGE` items, the event
+log by :data:`EVENTS_PAGE` events, a stream by :data:`CHUNKS_PAGE` chunks, stream names by :data:`NAMES_PAGE`), the
+run page shows the first :data:`RUN_STREAMS` streams with their first :data:`RUN_CHUNKS` chunks and at most
+:data:`LIVE_SHOWN` live hooks and sleeps, and a value in a list is cut at :data:`model.MAX_LISTED` bytes with a link
+to a page that shows it whole (a step, an event, a run's input or output, a stream chunk with ``limit=1``).
 """
 
 from __future__ import annotations
@@ -40,8 +46,17 @@ TEMPLATES = "celery_workflow_inspector"
 RUNS_PAGE = 50
 MAX_RUNS_PAGE = 200
 EVENTS_PAGE = 100
+#: Timeline items per page of the run page.
+TIMELINE_PAGE = 200
+#: Chunks per page of a stream's page.
 CHUNKS_PAGE = 100
-MAX_STREAMS = 20
+#: Streams the run page shows with their first chunks, and how many chunks each.
+RUN_STREAMS = 10
+RUN_CHUNKS = 10
+#: Stream names per page (the run page names this many beyond those it shows; the streams page lists them all).
+NAMES_PAGE = 200
+#: Live hooks and pending sleeps the run page lists (a count says how many more there are).
+LIVE_SHOWN = 200
 LETTERS_PAGE = 100
 MAX_INT64 = 2**63 - 1
 #: The longest a live tail answer streams before it ends (the browser's EventSource then reconnects where it was).
@@ -96,6 +111,12 @@ class Inspector:
     def world(self) -> World:
         return self.wf.world
 
+    def queue_of(self, step_name: str) -> str | None:
+        """The queue the step is routed to (None: its run's), or :data:`model.UNKNOWN` for a step this Workflows
+        does not register (an inspector served on a World alone)."""
+        sdef = self.wf.registry.steps.get(step_name)
+        return model.UNKNOWN if sdef is None else sdef.queue
+
     def check(self, action: str) -> None:
         denied = self.guard.denial(action)
         if denied is not None:
@@ -121,6 +142,10 @@ class Inspector:
             show_relative=model.show_relative,
             show_json=model.show_json,
             show_chunk=model.show_chunk,
+            preview=model.preview,
+            chunk_preview=model.chunk_preview,
+            max_whole=model.MAX_WHOLE,
+            max_listed=model.MAX_LISTED,
             error_text=model.error_text,
             event_data=model.event_data,
             **context,
@@ -137,6 +162,7 @@ class Inspector:
 
 
 def text_arg(name: str, max_length: int = 200) -> str | None:
+    """A query parameter of at most ``max_length`` printable characters (a lone surrogate is not one)."""
     value = request.args.get(name)
     if value is None or value == "":
         return None
@@ -193,11 +219,11 @@ class StreamView:
         return self.page.next_index
 
 
-def read_stream(world: World, run: RunView, name: str, start: int) -> StreamView:
-    page = world.read_stream(run.run_id, name, start=start, limit=CHUNKS_PAGE + 1)
-    more = len(page.chunks) > CHUNKS_PAGE
+def read_stream(world: World, run: RunView, name: str, start: int, limit: int = CHUNKS_PAGE) -> StreamView:
+    page = world.read_stream(run.run_id, name, start=start, limit=limit + 1)
+    more = len(page.chunks) > limit
     if more:
-        chunks = page.chunks[:CHUNKS_PAGE]
+        chunks = page.chunks[:limit]
         page = StreamPage(chunks, page.closed, chunks[-1].index + 1)
     live = not more and not page.closed and not run.status.terminal
     tail = links(".tail", run_id=run.run_id, name=name, start=page.next_index) if live else None
@@ -211,7 +237,7 @@ def sse(event: str, data: Any, event_id: int | None = None) -> str:
 
 def chunk_events(page: StreamPage) -> Iterator[str]:
     for chunk in page.chunks:
-        yield sse("chunk", {"index": chunk.index, "text": model.show_chunk(chunk.data)}, chunk.index)
+        yield sse("chunk", {"index": chunk.index, "text": model.show_chunk(chunk.data, model.MAX_LISTED)}, chunk.index)
 
 
 def tail_events(world: World, run_id: str, name: str, start: int, settings: Settings) -> Iterator[str]:
@@ -275,47 +301,129 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
     def run(run_id: str) -> Response:
         ins.check(guard.VIEW)
         after = int_arg("after_slot", 0, 0, MAX_INT64)
+        first_item = int_arg("item", 0, 0, model.MAX_TIMELINE_EVENTS)
         reveal = set(request.args.getlist("reveal"))
         if reveal:
             ins.check(guard.REVEAL)
         w = ins.world
         view = w.get_run(run_id)
         events, cut = model.read_events(w, run_id)
-        steps = w.list_steps(run_id)
+        items = model.timeline(view, events, ins.queue_of)
         log = w.list_events(run_id, after_slot=after, limit=EVENTS_PAGE + 1)
         names = sorted(w.list_streams(run_id))
+        hooks, waits = w.list_hooks(run_id), w.list_waits(run_id)
         base_url = ins.wf.base_url
         earlier = max(0, after - EVENTS_PAGE) if after > 0 else None
         later = log[EVENTS_PAGE - 1].slot if len(log) > EVENTS_PAGE else None
+
+        def items_url(item: int) -> str:
+            return links(".run", run_id=run_id, item=item or None, _anchor="timeline")
+
         return ins.page(
             "run.html",
             run=view,
             continues=continuation.predecessor_of(events[0]) if events else None,
             continued_as=continuation.continued_as(w, view),
-            timeline=model.timeline(view, events, steps),
+            timeline=items[first_item : first_item + TIMELINE_PAGE],
+            timeline_from=first_item,
+            timeline_count=len(items),
             timeline_cut=cut,
-            steps=steps,
-            waits=w.list_waits(run_id),
-            hooks=w.list_hooks(run_id),
+            earlier_items=items_url(max(0, first_item - TIMELINE_PAGE)) if first_item else None,
+            later_items=items_url(first_item + TIMELINE_PAGE) if first_item + TIMELINE_PAGE < len(items) else None,
+            waits=waits[:LIVE_SHOWN],
+            more_waits=max(0, len(waits) - LIVE_SHOWN),
+            hooks=hooks[:LIVE_SHOWN],
+            more_hooks=max(0, len(hooks) - LIVE_SHOWN),
             reveal=reveal,
             webhook_base=f"{base_url.rstrip('/')}/webhooks/" if base_url else None,
             events=log[:EVENTS_PAGE],
             events_after=after,
             earlier_url=None if earlier is None else links(".run", run_id=run_id, after_slot=earlier, _anchor="events"),
             later_url=None if later is None else links(".run", run_id=run_id, after_slot=later, _anchor="events"),
-            streams=[read_stream(w, view, name, 0) for name in names[:MAX_STREAMS]],
-            more_streams=names[MAX_STREAMS:],
+            streams=[read_stream(w, view, name, 0, RUN_CHUNKS) for name in names[:RUN_STREAMS]],
+            more_streams=names[RUN_STREAMS : RUN_STREAMS + NAMES_PAGE],
+            all_streams_url=links(".streams", run_id=run_id) if len(names) > RUN_STREAMS + NAMES_PAGE else None,
+        )
+
+    @bp.get("/runs/<run_id>/values/<which>")
+    def run_value(run_id: str, which: str) -> Response:
+        """A run's input, output or error, whole."""
+        ins.check(guard.VIEW)
+        if which not in ("input", "output", "error"):
+            raise Problem(404, f"a run has no value {which[:50]!r}: input, output or error")
+        view = ins.world.get_run(run_id)
+        return ins.page(
+            "value.html", run=view, title=f"The {which} of run {run_id}", values=[(which, getattr(view, which))]
+        )
+
+    @bp.get("/runs/<run_id>/steps/<step_id>")
+    def step(run_id: str, step_id: str) -> Response:
+        """A step with its input, output and error, whole."""
+        ins.check(guard.VIEW)
+        view = ins.world.get_run(run_id)
+        s = ins.world.get_step(run_id, step_id)
+        facts = [
+            ("Step", s.step_name),
+            ("Status", s.status.value),
+            ("Attempts", str(s.attempt)),
+            ("Created", model.show_time(s.created_at)),
+            ("Started", model.show_time(s.started_at)),
+            ("Ended", model.show_time(s.completed_at)),
+        ]
+        values = [("input", s.input), ("output", s.output), ("error", s.error)]
+        return ins.page("value.html", run=view, title=f"Step {step_id}", facts=facts, values=values)
+
+    @bp.get("/runs/<run_id>/events/<slot>")
+    def event(run_id: str, slot: str) -> Response:
+        """An event with its data whole (hook tokens hidden, as in the event log)."""
+        ins.check(guard.VIEW)
+        number = whole(slot)
+        if number is None or number < 1:
+            raise Problem(404, f"run {run_id} has no event {slot[:50]!r}")
+        view = ins.world.get_run(run_id)
+        found = ins.world.list_events(run_id, after_slot=number - 1, limit=1)
+        if not found or found[0].slot != number:
+            raise Problem(404, f"run {run_id} has no event {number}")
+        ev = found[0]
+        facts = [
+            ("Event", ev.event_type.value),
+            ("Correlation id", ev.correlation_id or ""),
+            ("Recorded", model.show_time(ev.created_at)),
+        ]
+        values = [("data", model.event_data(ev))]
+        return ins.page("value.html", run=view, title=f"Event {number} of run {run_id}", facts=facts, values=values)
+
+    @bp.get("/runs/<run_id>/streams")
+    def streams(run_id: str) -> Response:
+        """The run's stream names, :data:`NAMES_PAGE` at a time, after the name ``after``."""
+        ins.check(guard.VIEW)
+        after = text_arg("after", 512)
+        view = ins.world.get_run(run_id)
+        names = sorted(ins.world.list_streams(run_id))
+        rest = [n for n in names if after is None or n > after]
+        page = rest[:NAMES_PAGE]
+        later = links(".streams", run_id=run_id, after=page[-1]) if len(rest) > NAMES_PAGE else None
+        return ins.page(
+            "streams.html", run=view, names=page, count=len(names), paged=after is not None, later_url=later
         )
 
     @bp.get("/runs/<run_id>/streams/<path:name>")
     def stream(run_id: str, name: str) -> Response:
         ins.check(guard.VIEW)
         start = int_arg("start", 0, 0, MAX_INT64)
+        limit = int_arg("limit", CHUNKS_PAGE, 1, CHUNKS_PAGE)
         view = ins.world.get_run(run_id)
-        shown = read_stream(ins.world, view, name, start)
+        shown = read_stream(ins.world, view, name, start, limit)
         earlier = links(".stream", run_id=run_id, name=name, start=max(0, start - CHUNKS_PAGE)) if start else None
         later = links(".stream", run_id=run_id, name=name, start=shown.end) if shown.more else None
-        return ins.page("stream.html", run=view, stream=shown, earlier_url=earlier, later_url=later)
+        return ins.page(
+            "stream.html",
+            run=view,
+            stream=shown,
+            whole_chunks=limit == 1,
+            earlier_url=earlier,
+            later_url=later,
+        )
 
     @bp.get("/runs/<run_id>/streams/<path:name>/tail")
     def tail(run_id: str, name: str) -> Response:
