@@ -27,11 +27,17 @@ its next receive) and its run failed with :class:`~celery_workflow.errors.DeadLe
 :func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
 (API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
 ``AWS_IAM`` auth or an API Gateway authorizer, and expose :func:`celery_workflow.api.webhook_blueprint` alone where
-the internet must reach it.
+the internet must reach it. It never raises: an event it cannot read as a request (not an object, an unknown payload
+``version``, a payload 2.0 event without ``headers`` or ``requestContext.http``, a body that is not a string or not
+valid base64, a path or query string beyond Latin-1) is answered ``400`` with a JSON error
+(``{"error": {"code": "malformed_event", "message": ...}}``) and logged.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
 import threading
 import time
@@ -195,7 +201,104 @@ def http_handler(
     handler: Any = make_lambda_handler(app, binary_support=binary_support)
 
     def serve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
-        answer: dict[str, Any] = handler(dict(event), context)
+        problem = malformed(event)
+        if problem is not None:
+            log.warning("malformed HTTP event: %s", problem)
+            return _bad_event(problem)
+        try:
+            answer: dict[str, Any] = handler(dict(event), context)
+        except Exception as exc:  # the app's own errors are answered by Flask: this is the event's conversion
+            log.warning("cannot read the HTTP event as a request", exc_info=True)
+            return _bad_event(f"the event cannot be read as a request ({type(exc).__name__})")
         return answer
 
     return serve
+
+
+#: The Lambda HTTP payload versions :func:`http_handler` reads (``alb``: an ALB event, which has no version).
+PAYLOAD_VERSIONS = ("1.0", "2.0", "alb")
+
+
+def _bad_event(message: str) -> dict[str, Any]:
+    """A 400 answer every payload version and the ALB accept."""
+    body = {"error": {"code": "malformed_event", "message": message}}
+    return {
+        "statusCode": 400,
+        "headers": {"content-type": "application/json"},
+        "body": json.dumps(body),
+        "isBase64Encoded": False,
+    }
+
+
+def _strings(value: Any, *, lists: bool = False) -> bool:
+    """``value`` maps str to str (``lists``: to lists of str)."""
+    if not isinstance(value, Mapping):
+        return False
+    for key, item in value.items():
+        if not isinstance(key, str):
+            return False
+        if lists and not (isinstance(item, list) and all(isinstance(v, str) for v in item)):
+            return False
+        if not lists and not isinstance(item, str):
+            return False
+    return True
+
+
+def _latin1(text: str) -> bool:
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def malformed(event: Any) -> str | None:
+    """Why ``event`` cannot be served as an HTTP request (see the module docstring), or None when it can."""
+    if not isinstance(event, Mapping):
+        return f"the event is a {type(event).__name__}, not an object"
+    context = event.get("requestContext")
+    version = "alb" if isinstance(context, Mapping) and "elb" in context else event.get("version", "1.0")
+    if version not in PAYLOAD_VERSIONS:
+        return f"unknown payload version {str(version)[:20]!r}: one of 1.0, 2.0 (or an ALB event)"
+    body = event.get("body")
+    if body is not None and not isinstance(body, str):
+        return f"body must be a string or null, not {type(body).__name__}"
+    encoded = event.get("isBase64Encoded", False)
+    if not isinstance(encoded, bool):
+        return "isBase64Encoded must be true or false"
+    if encoded and body:
+        try:
+            base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            return "body is not valid base64 (isBase64Encoded is true)"
+    if version == "2.0":
+        http = context.get("http") if isinstance(context, Mapping) else None
+        if not isinstance(http, Mapping):
+            return "requestContext.http is missing (payload 2.0)"
+        if not all(isinstance(http.get(key), str) for key in ("method", "sourceIp", "protocol")):
+            return "requestContext.http must have method, sourceIp and protocol strings"
+        if not _strings(event.get("headers")):
+            return "headers must be an object of strings (payload 2.0)"
+        cookies = event.get("cookies", [])
+        if not isinstance(cookies, list) or not all(isinstance(c, str) for c in cookies):
+            return "cookies must be a list of strings"
+        path, query = event.get("rawPath"), event.get("rawQueryString")
+        if not isinstance(path, str) or not isinstance(query, str):
+            return "rawPath and rawQueryString must be strings (payload 2.0)"
+        if not _latin1(query):
+            return "the query string has characters beyond Latin-1"
+    else:
+        path = event.get("path")
+        if not isinstance(event.get("httpMethod"), str) or not isinstance(path, str):
+            return "httpMethod and path must be strings (payload 1.0)"
+        for key, lists in (
+            ("headers", False),
+            ("multiValueHeaders", True),
+            ("queryStringParameters", False),
+            ("multiValueQueryStringParameters", True),
+        ):
+            if event.get(key) is not None and not _strings(event[key], lists=lists):
+                return f"{key} must be an object of {'lists of ' if lists else ''}strings or null"
+    if not _latin1(path):
+        return "the path has characters beyond Latin-1"
+    return None
