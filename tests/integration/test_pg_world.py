@@ -34,7 +34,6 @@ from celery_workflow.errors import (
     RunNotFound,
     RunTerminal,
     SchemaVersionError,
-    StaleLog,
 )
 from celery_workflow.events import EventType, NewEvent, RunStatus, RunView
 from celery_workflow.testing.conformance import WorldConformance
