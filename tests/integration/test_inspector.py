@@ -122,6 +122,11 @@ def sse(body: str) -> list[tuple[str, str | None, Any]]:
     return out
 
 
+def newest_first(wf: Workflows, run_ids: list[str]) -> list[str]:
+    """The runs in the order the World lists them: newest first by creation time, ties by run id."""
+    return sorted(run_ids, key=lambda r: (wf.world.get_run(r).created_at, r), reverse=True)
+
+
 def waiting_on_hook(wf: Workflows, worker: LocalWorker, key: str = "k") -> str:
     run = wf.start("approve", key)
     worker.run_until(lambda: bool(wf.world.list_hooks(run.id)), timeout=20)
@@ -138,9 +143,9 @@ def test_the_list_filters_by_workflow_and_status_and_counts_per_status(wf: Workf
     http = client(wf)
 
     everything = http.get(f"{PREFIX}/").get_data(as_text=True)
-    assert rows(everything) == sorted([*greeted, waiting], reverse=True)  # newest first
+    assert rows(everything) == newest_first(wf, [*greeted, waiting])
     assert re.search(r'data-status="completed">3<', everything) and re.search(r'data-status="running">1<', everything)
-    assert rows(http.get(f"{PREFIX}/?workflow=greet").get_data(as_text=True)) == sorted(greeted, reverse=True)
+    assert rows(http.get(f"{PREFIX}/?workflow=greet").get_data(as_text=True)) == newest_first(wf, greeted)
     assert rows(http.get(f"{PREFIX}/?status=running").get_data(as_text=True)) == [waiting]
     assert rows(http.get(f"{PREFIX}/?workflow=greet&status=running").get_data(as_text=True)) == []
     assert rows(http.get(f"{PREFIX}/?workflow=nobody").get_data(as_text=True)) == []
