@@ -15,9 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from celery_workflow._postgres.listener import CHANNEL_QUEUE, CHANNEL_RUNS, CHANNEL_STREAMS, SCHEMA_TAG
 from tests.acceptance.workers import Worker, imported_app, postgres_schema, wait_for
+
+pytestmark = pytest.mark.acceptance
 
 #: What a payload may be: lines of ids, names, tokens and numbers (no JSON, no spaces, nothing encoded).
 IDS_ONLY = re.compile(r"[A-Za-z0-9_.:@-]{1,200}")
