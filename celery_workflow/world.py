@@ -362,7 +362,10 @@ def _lazy(load: Callable[[], Any]) -> Callable[..., World]:
 
 def open_world(url: str, **options: Any) -> World:
     """A World from a URL whose scheme a World registered (``sqlite:///relative.db``, ``sqlite:////abs/path.db``,
-    ``postgresql://…``, or a third party's); ConfigurationError for an unknown scheme, naming the known ones."""
+    ``postgresql://…``, or a third party's); ConfigurationError for an empty URL and for an unknown scheme, naming the
+    known ones."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError(f"a World URL is needed (sqlite:///path.db, postgresql://…, aws://), got {url!r}")
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     schemes = world_schemes()
     factory = schemes.get(scheme)

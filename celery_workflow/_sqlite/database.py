@@ -218,7 +218,14 @@ def _statements(script: str) -> Iterator[str]:
 
 class Database:
     """A SQLite file shared by processes on one machine; with ``prefix``, the tables of that prefix in it (see the
-    module docstring). An invalid prefix raises ConfigurationError."""
+    module docstring). An invalid prefix raises ConfigurationError.
+
+    Creating: a missing file is created (mode 0600) when ``create``, with its missing directories when ``parents``
+    too (else a missing directory is a WorldError naming it: the transport's case, whose URL in a directory that is
+    not there is a failed connection, not a new tree). With ``create=False`` the database must exist and hold this
+    prefix's tables (a schema version): a missing file, or one without them, is a ConfigurationError naming the
+    path, and nothing is created (what reads an existing World, like the command line's ``runs list``, opens it so).
+    """
 
     def __init__(
         self,
@@ -227,10 +234,14 @@ class Database:
         prefix: str = "",
         synchronous: str = "NORMAL",
         migrate: bool = True,
+        create: bool = True,
+        parents: bool = True,
     ) -> None:
         self.path = str(Path(path).expanduser().resolve())
         self.prefix = check_prefix(prefix)
         self.synchronous = synchronous
+        self.create = create
+        self.parents = parents
         self._lock = threading.Lock()
         self._conns: dict[tuple[int, int], sqlite3.Connection] = {}
         self._orphans: list[sqlite3.Connection] = []  # connections inherited through fork: never used nor closed
@@ -254,17 +265,38 @@ class Database:
             self._conns[key] = conn
         return conn
 
-    def _open(self) -> sqlite3.Connection:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+    def _create_file(self) -> None:
+        """Create the database file unless it exists (see the class docstring for what may be created)."""
+        path = Path(self.path)
+        if path.exists():
+            return
+        if not self.create:
+            raise ConfigurationError(
+                f"no SQLite World at {self.path}: the file does not exist (check the URL; `celery-workflow --world"
+                " URL migrate` creates a World)"
+            )
+        if not path.parent.is_dir():
+            if not self.parents:
+                raise WorldError(
+                    f"cannot create SQLite database {self.path}: its directory {path.parent} does not exist"
+                )
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise WorldError(f"cannot create the directory of SQLite database {self.path}: {exc}") from exc
         try:  # a new file is the owner's alone (SQLite gives its -wal and -shm files the same mode)
             os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:
             pass
         except OSError as exc:
             raise WorldError(f"cannot create SQLite database {self.path}: {exc}") from exc
+
+    def _open(self) -> sqlite3.Connection:
+        self._create_file()
         try:
             conn = sqlite3.connect(
-                self.path,
+                f"file:{quote(self.path)}?mode={'rwc' if self.create else 'rw'}",
+                uri=True,
                 isolation_level=None,
                 check_same_thread=False,
                 timeout=BUSY_TIMEOUT_MS / 1000,
@@ -349,6 +381,12 @@ class Database:
             )
             row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM celery_workflow_schema_version").fetchone()
             current = int(row[0])
+            if current == 0 and not self.create:  # a file, but no World in it: make none (this rolls back)
+                tables = f"tables with the prefix {self.prefix!r}" if self.prefix else "tables"
+                raise ConfigurationError(
+                    f"no SQLite World at {self.path}: the file has no celery_workflow {tables} (check the URL;"
+                    " `celery-workflow --world URL migrate` creates a World)"
+                )
             check_version(current, packaged, self.path)
             for version, name, sql in known:
                 if version <= current:

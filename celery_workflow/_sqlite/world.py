@@ -73,8 +73,10 @@ __all__ = ["COLUMNS", "SQLiteWorld"]
 class SQLiteWorld(TemplateWorld, StoreQueue):
     """A World in one SQLite file (WAL), safe for the threads and processes of one machine.
 
-    ``path`` is created with its parent folders if missing and migrated unless ``migrate=False``; a database
-    migrated by a newer celery_workflow raises :class:`~celery_workflow.errors.SchemaVersionError`. With ``prefix``
+    ``path`` is created with its parent folders if missing and migrated unless ``migrate=False``; with
+    ``create=False`` it must hold a World already (else ConfigurationError naming the path, and nothing is created:
+    how the command line opens a World to read it). A database migrated by a newer celery_workflow raises
+    :class:`~celery_workflow.errors.SchemaVersionError`. With ``prefix``
     (``"app1_"``; URL ``sqlite:///path.db?prefix=app1_``) the World and its transport use the tables
     ``app1_celery_workflow_…`` of the file, so several apps share one file without seeing each other's runs and
     queues (:mod:`celery_workflow._sqlite.database`); an invalid prefix raises ConfigurationError.
@@ -96,10 +98,11 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
         poll_interval: float = 0.05,
         synchronous: str = "NORMAL",
         migrate: bool = True,
+        create: bool = True,
     ) -> None:
         self.poll_interval = poll_interval
         with sqlite_errors():
-            self.db = Database(path, prefix=prefix, synchronous=synchronous, migrate=migrate)
+            self.db = Database(path, prefix=prefix, synchronous=synchronous, migrate=migrate, create=create)
         #: The queue store (shared with the SQLite Kombu transport).
         self.store = SQLiteQueue(self.db)
         self._steps = SQLiteAppend(self)

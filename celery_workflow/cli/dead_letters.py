@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import click
 
 from celery_workflow.cli.session import BadInput, Progress, Session, echo_json
+from celery_workflow.cli.text import shown
 from celery_workflow.dead_letters import DeadLetter, DeadLetterStore, dead_letter_store
 
 __all__ = ["BATCH", "dead_letters"]
@@ -69,8 +70,8 @@ def list_letters(session: Session, queue: str | None, run_id: str | None, limit:
     click.echo(f"{'ID':>6} {'QUEUE':16} {'TASK':32} {'RUN ID':32} {'SENT':>5} {'REASON':15} DEAD AT")
     for d in letters:
         click.echo(
-            f"{d.id:>6} {d.queue[:16]:16} {(d.task_name or '?')[:32]:32} {(d.run_id or '-')[:32]:32} {d.deliveries:>5}"
-            f" {d.reason:15} {d.dead_at:%Y-%m-%d %H:%M:%S}"
+            f"{shown(d.id):>6} {shown(d.queue)[:16]:16} {shown(d.task_name or '?')[:32]:32}"
+            f" {shown(d.run_id or '-')[:32]:32} {d.deliveries:>5} {shown(d.reason):15} {d.dead_at:%Y-%m-%d %H:%M:%S}"
         )
 
 
@@ -87,8 +88,8 @@ def show_letter(session: Session, letter_id: str, as_json: bool) -> None:
         return
     for key, value in data.items():
         if key != "message":
-            click.echo(f"{key:16}{'' if value is None else value}")
-    click.echo(f"\n{letter.describe()}\n\nmessage\n  {data['message']}")
+            click.echo(f"{key:16}{'' if value is None else shown(value)}")
+    click.echo(f"\n{shown(letter.describe())}\n\nmessage\n  {shown(data['message'])}")
 
 
 def _move(

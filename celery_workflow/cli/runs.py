@@ -16,6 +16,7 @@ import click
 
 from celery_workflow import codec
 from celery_workflow.cli.session import Session, echo_json, get_run, is_tty
+from celery_workflow.cli.text import shown
 from celery_workflow.errors import RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
 from celery_workflow.rpc import event_json, run_json, step_json
@@ -31,7 +32,7 @@ pass_session = click.make_pass_decorator(Session)
 
 
 def _short(value: Any, width: int = 60) -> str:
-    text = json.dumps(value, default=str, separators=(",", ":"), ensure_ascii=False)
+    text = shown(json.dumps(value, default=str, separators=(",", ":"), ensure_ascii=False))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -57,7 +58,10 @@ def list_runs(session: Session, workflow: str | None, status: str | None, limit:
         return
     click.echo(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} CREATED")
     for run in page.items:
-        click.echo(f"{run.run_id:32} {run.workflow_name:24} {run.status.value:10} {run.created_at:%Y-%m-%d %H:%M:%S}")
+        click.echo(
+            f"{shown(run.run_id):32} {shown(run.workflow_name):24} {run.status.value:10}"
+            f" {run.created_at:%Y-%m-%d %H:%M:%S}"
+        )
 
 
 @runs.command("show")
@@ -79,22 +83,22 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
             }
         )
         return
-    click.echo(f"run       {run.run_id}")
-    click.echo(f"workflow  {run.workflow_name}")
+    click.echo(f"run       {shown(run.run_id)}")
+    click.echo(f"workflow  {shown(run.workflow_name)}")
     click.echo(f"status    {run.status.value}")
     click.echo(f"input     {_short(run.input, 100)}")
     if run.status is RunStatus.COMPLETED:
         click.echo(f"output    {_short(run.output, 100)}")
     if run.error:
-        click.echo(f"error     {run.error.get('type')}: {run.error.get('message')}")
+        click.echo(f"error     {shown(run.error.get('type'))}: {shown(run.error.get('message'))}")
     if steps:
         click.echo("\nsteps")
         for step in steps:
-            click.echo(f"  {step.step_id:36} {step.status.value:10} attempts={step.attempt}")
+            click.echo(f"  {shown(step.step_id):36} {step.status.value:10} attempts={step.attempt}")
     click.echo("\nevents")
     for ev in events:
         click.echo(
-            f"  {ev.slot:4} {ev.created_at:%H:%M:%S.%f} {ev.event_type.value:15} {ev.correlation_id or '':24}"
+            f"  {ev.slot:4} {ev.created_at:%H:%M:%S.%f} {ev.event_type.value:15} {shown(ev.correlation_id or ''):24}"
             f" {_short(dict(ev.data), 50)}"
         )
 
@@ -110,8 +114,8 @@ def cancel_run(session: Session, run_id: str, reason: str) -> None:
     try:
         run = world.append(run_id, [NewEvent(EventType.RUN_CANCELLED, None, {"reason": reason} if reason else {})]).run
     except RunTerminal:
-        raise click.ClickException(f"run {run_id} has ended ({world.get_run(run_id).status.value})") from None
-    click.echo(f"{run.run_id} {run.status.value}")
+        raise click.ClickException(f"run {shown(run_id)} has ended ({world.get_run(run_id).status.value})") from None
+    click.echo(f"{shown(run.run_id)} {run.status.value}")
 
 
 @runs.command("watch")
@@ -133,12 +137,12 @@ def watch_run(session: Session, run_id: str, interval: float) -> None:
             for name in sorted(world.list_streams(run_id)):
                 page = world.read_stream(run_id, name, start=read.get(name, 0))
                 for chunk in page.chunks:
-                    screen.line(f"[{name}] {_value(chunk.data)}")
+                    screen.line(f"[{shown(name)}] {_value(chunk.data)}")
                 read[name] = page.next_index
             screen.status(_state(view, steps))
             successor = continued_as(world, view) if view.status.terminal else None
             if successor is not None:  # it handed over (continue_as_new): follow the chain to its end
-                screen.line(f"run {run_id} continued as {successor}")
+                screen.line(f"run {shown(run_id)} continued as {shown(successor)}")
                 run_id, view, read = successor, get_run(world, successor), {}
                 continue
             if view.status.terminal:
@@ -156,7 +160,7 @@ def _value(data: bytes) -> str:
     value = codec.loads(data)
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
-    return json.dumps(value, default=str, ensure_ascii=False)
+    return shown(json.dumps(value, default=str, ensure_ascii=False))
 
 
 def _state(view: RunView, steps: list[StepView]) -> str:
@@ -166,20 +170,20 @@ def _state(view: RunView, steps: list[StepView]) -> str:
     if current:
         step = max(current, key=lambda s: s.updated_at)
         attempt = f", attempt {step.attempt}" if step.attempt > 1 else ""
-        text += f"  current {step.step_id} ({step.status.value}{attempt})"
+        text += f"  current {shown(step.step_id)} ({step.status.value}{attempt})"
     return text
 
 
 def _ending(world: World, view: RunView) -> None:
     if view.status is RunStatus.COMPLETED:
-        click.echo(f"output  {json.dumps(view.output, default=str, ensure_ascii=False)}")
+        click.echo(f"output  {shown(json.dumps(view.output, default=str, ensure_ascii=False))}")
     elif view.status is RunStatus.FAILED:
         error = view.error or {}
-        click.echo(f"error   {error.get('type', 'Error')}: {error.get('message', '')}")
+        click.echo(f"error   {shown(error.get('type', 'Error'))}: {shown(error.get('message', ''))}")
     else:
         last = world.list_events(view.run_id, after_slot=max(view.event_count - 1, 0))
         reason = next((e.data.get("reason") for e in last if e.event_type is EventType.RUN_CANCELLED), None)
-        click.echo("cancelled" + (f": {reason}" if reason else ""))
+        click.echo("cancelled" + (f": {shown(reason)}" if reason else ""))
 
 
 class _Screen:

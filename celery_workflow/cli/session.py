@@ -7,20 +7,25 @@ click context whose ``obj`` has the app as ``.app``); else from ``$CELERY_WORKFL
 ``sqlite:///celery_workflow.sqlite3``. A World is opened on first use, so ``--help`` and ``demo`` open none.
 
 Exit codes: 0 done; 1 the operation failed (no such run, the run has ended, the World failed); 2 bad input (a usage
-error, a World URL no World registers, a dead letter that is not there). Errors are one line on stderr, never a
-traceback. Output a script reads goes to stdout; progress goes to stderr.
+error, a World URL no World registers, an empty ``--world``, a SQLite World that does not exist, a dead letter that is
+not there). Errors are one line on stderr, never a traceback. Output a script reads goes to stdout; progress goes to
+stderr. Stored data is printed through :mod:`celery_workflow.cli.text`: no control character reaches the terminal.
+
+Only ``migrate`` (and ``demo``) create a World: every other command opens one that exists (``create=False``), so a
+mistyped SQLite path is an error naming it, not a new empty World that answers "no runs".
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
+from celery_workflow.cli.text import safe_json, shown
 from celery_workflow.errors import CeleryWorkflowError, ConfigurationError, DeadLetterNotFound, RunNotFound
 from celery_workflow.events import RunView
 from celery_workflow.world import World, open_world
@@ -32,6 +37,13 @@ __all__ = ["BadInput", "Progress", "Session", "WorkflowGroup", "echo_json", "get
 
 #: World URL schemes whose World can be opened without migrating it (``migrate`` applies the migrations itself).
 MIGRATING_SCHEMES = ("sqlite", "postgresql", "postgres")
+#: World URL schemes whose World a command can open without creating it (``create=False``): every command but
+#: ``migrate`` and ``demo`` works on a World that exists, and a mistyped path is an error, not a new empty World.
+EXISTING_ONLY_SCHEMES = ("sqlite",)
+
+
+def _scheme(url: str) -> str:
+    return url.split(":", 1)[0].lower() if ":" in url else ""
 
 
 class BadInput(click.ClickException):
@@ -48,9 +60,9 @@ class WorkflowGroup(click.Group):
         try:
             return super().invoke(ctx)
         except (ConfigurationError, DeadLetterNotFound) as exc:
-            raise BadInput(str(exc)) from exc
+            raise BadInput(shown(exc)) from exc
         except CeleryWorkflowError as exc:
-            raise click.ClickException(str(exc) or type(exc).__name__) from exc
+            raise click.ClickException(shown(exc) or type(exc).__name__) from exc
 
 
 class Session:
@@ -72,10 +84,15 @@ class Session:
 
     def resolved_url(self) -> str:
         """``--world``, else ``$CELERY_WORKFLOW_URL``, else the embedded default (what ``demo`` and ``migrate``
-        open when no Celery app gives the World)."""
+        open when no Celery app gives the World). An empty ``--world`` is an error, never the default (an empty
+        ``$CELERY_WORKFLOW_URL`` counts as unset, as environment variables go)."""
         from celery_workflow.app import DEFAULT_URL
 
-        return self.url or os.environ.get("CELERY_WORKFLOW_URL") or DEFAULT_URL
+        if self.url is not None:
+            if not self.url.strip():
+                raise BadInput("--world needs a World URL (sqlite:///path, postgresql://…, aws://), got ''")
+            return self.url
+        return os.environ.get("CELERY_WORKFLOW_URL") or DEFAULT_URL
 
     def workflows(self) -> Workflows | None:
         """The Workflows of the Celery app (under ``celery -A app workflow``, without ``--world``), or None."""
@@ -94,21 +111,30 @@ class Session:
 
     @property
     def world(self) -> World:
+        """The World the commands work on; one from a URL must exist already (a SQLite file that is not there, or
+        holds no World, is an error naming the path, and nothing is created)."""
         if self._world is None:
             wf = self.workflows()
             if wf is not None:
                 self._world = wf.world
             else:
-                self._world, self._owned = open_world(self.resolved_url()), True
+                url = self.resolved_url()
+                options = {"create": False} if _scheme(url) in EXISTING_ONLY_SCHEMES else {}
+                self._world, self._owned = open_world(url, **options), True
         return self._world
 
     def world_for_migration(self) -> World:
         """The World, opened without migrating it when it comes from a URL (SQLite, Postgres), so that ``migrate``
-        applies the migrations itself. The app's World was opened (and migrated) by its Workflows already."""
+        applies the migrations itself. The app's World was opened (and migrated) by its Workflows already.
+
+        ``migrate`` is how a World is created from the command line: a SQLite file that does not exist is created
+        (said on stderr), in a directory that must exist (a mistyped path does not grow a tree of directories)."""
         if self._world is None and self.workflows() is None:
             url = self.resolved_url()
-            scheme = url.split(":", 1)[0].lower()
+            scheme = _scheme(url)
             options = {"migrate": False} if scheme in MIGRATING_SCHEMES else {}
+            if scheme == "sqlite":
+                _check_new_sqlite_world(url)
             self._world, self._owned = open_world(url, **options), True
         return self.world
 
@@ -122,16 +148,33 @@ class Session:
             world.close()
 
 
+def _check_new_sqlite_world(url: str) -> None:
+    """For ``migrate`` on a SQLite URL: BadInput when its file is missing and so is the file's directory; a note on
+    stderr when the file is missing (the migration creates it)."""
+    from celery_workflow._sqlite.database import parse_database_url
+
+    try:
+        path = Path(parse_database_url(url)[0])
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    if path.exists():
+        return
+    if not path.parent.is_dir():
+        raise BadInput(f"cannot create a SQLite World at {path}: its directory {path.parent} does not exist")
+    click.echo(f"creating a new SQLite World at {path}", err=True)
+
+
 def get_run(world: World, run_id: str) -> RunView:
     """The run, or the error ``no run <id>`` (exit code 1)."""
     try:
         return world.get_run(run_id)
     except RunNotFound:
-        raise click.ClickException(f"no run {run_id}") from None
+        raise click.ClickException(f"no run {shown(run_id)}") from None
 
 
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
+    """``value`` as indented JSON on stdout, with no raw control character (:func:`~.text.safe_json`)."""
+    click.echo(safe_json(value, indent=2))
 
 
 def is_tty(stream: TextIO) -> bool:

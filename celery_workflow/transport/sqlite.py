@@ -11,7 +11,7 @@ Features
 * Supports Topic: Yes
 * Supports Fanout: Yes (bindings stored in the database: ``celery inspect``, remote control and Flower work)
 * Supports Priority: No
-* Supports TTL: Yes (``x-message-ttl``, ``x-expires``, auto_delete)
+* Supports TTL: Yes (``x-message-ttl``, ``x-expires``, auto_delete, and a message's own ``expiration``)
 * Delayed delivery: Yes (``properties["not_before"]`` or Celery's ``eta``/``countdown``: rows are not received
   before they are due)
 * Leases: received messages are hidden for ``lease_seconds`` and the lease is extended while the consumer holds
@@ -69,11 +69,15 @@ _stores: dict[tuple[str, str], SQLiteQueue] = {}
 
 
 def shared_queue(path: str, prefix: str = "") -> SQLiteQueue:
-    """One migrated :class:`SQLiteQueue` per database file, table prefix and process (the Database is fork-safe)."""
+    """One migrated :class:`SQLiteQueue` per database file, table prefix and process (the Database is fork-safe).
+
+    A missing file is created (and migrated), in a directory that must exist: a broker URL in a directory that is
+    not there is a failed connection (WorldError, one of the transport's ``connection_errors``, so Kombu retries or
+    reports it as for any broker that cannot be reached), never a new tree of directories."""
     with _lock:
         queue = _stores.get((path, prefix))
         if queue is None:
-            queue = _stores[path, prefix] = SQLiteQueue(Database(path, prefix=prefix))
+            queue = _stores[path, prefix] = SQLiteQueue(Database(path, prefix=prefix, parents=False))
         return queue
 
 

@@ -30,6 +30,7 @@ from celery_workflow.cli import main, workflow
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.testing import LocalWorker
 from celery_workflow.world import Delivery
+from celery_workflow.world_sqlite import SQLiteWorld
 from tests.acceptance.workers import APPS, Worker, imported_app, postgres_schema, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +167,7 @@ def test_under_celery_the_world_is_the_apps(wf: Workflows, url: str, tmp_path: P
     result = invoke("runs", "list", obj=celery_ctx, env={"CELERY_WORKFLOW_URL": f"sqlite:///{tmp_path / 'other.db'}"})
     assert result.exit_code == 0 and run.id in result.stdout  # the app's World, not $CELERY_WORKFLOW_URL
     other = f"sqlite:///{tmp_path / 'other.db'}"
+    SQLiteWorld(tmp_path / "other.db").close()  # a World the commands open must exist (they create none)
     assert invoke("--world", other, "runs", "list", obj=celery_ctx).stdout == "no runs\n"  # --world wins
 
     result = invoke("runs", "list", obj=SimpleNamespace(app=Celery("bare")))
@@ -209,6 +211,7 @@ def test_migrate_shows_progress_and_is_idempotent(url: str, wf: Workflows) -> No
     result = cli(fresh, "migrate")
     assert result.exit_code == 0
     assert result.stderr.splitlines() == [
+        f"creating a new SQLite World at {fresh.removeprefix('sqlite:///')}",
         "migrating: 1/5 0001_world.sql",
         "migrating: 2/5 0002_queue.sql",
         "migrating: 3/5 0003_dead_letters.sql",

@@ -388,3 +388,39 @@ def test_a_malformed_expiration_is_refused_when_published(connect: Callable[...,
     message["properties"]["expiration"] = bad
     with pytest.raises(ChannelError, match="expiration"):
         conn.default_channel.basic_publish(message, exchange="ttl-bad", routing_key="ttl-bad")
+
+
+# -- a SQLite broker URL in a directory that is not there --------------------------------------------------------------
+
+
+def test_a_sqlite_broker_url_in_a_missing_directory_fails_to_connect(tmp_path: Path) -> None:
+    """As Kombu's own transport suite expects of a broker that is not there: ``connect()`` raises one of the
+    transport's ``connection_errors`` naming the directory, and ``ensure_connection`` retries it and raises Kombu's
+    OperationalError, as for any broker; no directory is created."""
+    from kombu.exceptions import OperationalError
+
+    url = f"sqlite:///{tmp_path / 'typo' / 'broker.db'}"
+    conn = Connection(url, transport=TRANSPORTS["sqlite"])
+    try:
+        with pytest.raises(conn.connection_errors, match="does not exist") as failed:
+            conn.connect()
+        assert str(tmp_path / "typo") in str(failed.value)
+        attempts: list[int] = []
+        with pytest.raises(OperationalError):
+            conn.ensure_connection(max_retries=2, interval_start=0, interval_step=0, callback=lambda: None,
+                                   errback=lambda exc, interval: attempts.append(1))  # fmt: skip
+        assert attempts  # retried as a connection error
+    finally:
+        conn.release()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sqlite_broker_url_in_an_existing_directory_creates_its_file(tmp_path: Path) -> None:
+    """A worker may start before anything created the file (the app's World is the default one): it is created."""
+    url = f"sqlite:///{tmp_path / 'broker.db'}"
+    conn = Connection(url, transport=TRANSPORTS["sqlite"])
+    try:
+        conn.connect()
+        assert (tmp_path / "broker.db").exists()
+    finally:
+        conn.release()
