@@ -20,8 +20,11 @@ Features
   same transaction as the run's last write), early arrivals are sent again, expiries run in the transport.
 * Receiving: long polls (``wait_time_seconds``, 5 s) per consumed queue, only while the worker has prefetch room, in
   batches of up to that room (10 at most): an idle worker makes 3600 / ``wait_time_seconds`` requests an hour per
-  queue (720 at 5 s, 180 at 20 s). A closing connection waits for its polls
-  to end and makes what they bring visible again, so a stopped worker leaves no message hidden.
+  queue (720 at 5 s, 180 at 20 s). The queues poll side by side (an idle queue's long poll never keeps a busy one
+  waiting) and the worker takes what they bring in turn. A closing connection waits for its polls to end and makes
+  what they bring visible again, so a stopped worker leaves no message hidden.
+* Purging: SQS allows one ``PurgeQueue`` per queue a minute; a purge within that minute finds one in progress and
+  answers 0 (nothing removed by this call) with a warning that one is pending, never an error.
 
 Connection String
 =================

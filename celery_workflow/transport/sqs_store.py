@@ -16,10 +16,16 @@ Kombu code as our other transports (:mod:`celery_workflow.transport.base`). It r
   says how to turn remote control on or off.
 
 Receiving long-polls: one thread per consumed task queue waits up to ``wait`` seconds (:data:`LONG_POLL` unless the
-transport's ``wait_time_seconds`` option says otherwise) in ``ReceiveMessage``, only while the consumer has prefetch room, and asks for at most that room (10 at a time), so an
-idle worker costs one request per queue every few seconds and a busy one takes batches. Received messages wait in a small local buffer for the consuming
-thread's next poll; the change token the transport waits on moves when a receiver buffers a message or Redis
-announces a control message.
+transport's ``wait_time_seconds`` option says otherwise) in ``ReceiveMessage``, only while the consumer has prefetch
+room, and asks for at most that room (10 at a time), so an idle worker costs one request per queue every few seconds
+and a busy one takes batches. The queues' receivers poll side by side, as kombu's own SQS transport does: SQS has no
+receive across queues, and a long poll cannot be cut short, so an idle queue's poll must never keep another queue
+from being polled (a room shared between them was held by whichever poll took it, and a busy queue waited out the
+idle one's poll, or was never polled at all). Received messages wait in a small local buffer for the consuming
+thread's next poll, which takes them from the queues in turn (kombu's round-robin cycle); the change token the
+transport waits on moves when a receiver buffers a message or Redis announces a control message. Polls side by side
+can bring a little more than the room (at most one room per other queue): those wait in the buffer, their visibility
+extended with the messages the consumer holds (:meth:`SQSBrokerStore.extend`), and are given back if consuming stops.
 """
 
 from __future__ import annotations
@@ -74,17 +80,15 @@ class _Receiver(threading.Thread):
     def run(self) -> None:
         store = self.store
         while not self.stopped.is_set():
-            want = store._reserve(self.queue)
+            want = store._room_for(self.queue)
             if want == 0:
                 continue
             try:
                 messages = store.world.queue.receive(self.queue, limit=want, wait=store.wait, lease=store.lease)
             except Exception as exc:  # the consumer sees nothing new; try again shortly
                 log.warning("cannot receive from SQS queue %r (%s); retrying", self.queue, exc)
-                store._unreserve(want)
                 self.stopped.wait(1.0)
                 continue
-            store._unreserve(want)
             for message in messages:
                 try:
                     claimed = store._accept(self.queue, message)
@@ -114,7 +118,7 @@ class SQSBrokerStore:
         self._version = 0
         self._buffer: dict[str, deque[ClaimedDelivery]] = {}
         self._demand = 0  # messages the consumer can take now (its prefetch room)
-        self._reserved = 0  # messages receivers are asking SQS for right now
+        self._turn = 0  # where the next receive starts in the cycle of task queues (round-robin)
         self._receivers: dict[str, _Receiver] = {}
         self._consumed: set[str] = set()
         self._closed = False  # closed: no receiver starts again (its long poll would outlive the process)
@@ -172,20 +176,17 @@ class SQSBrokerStore:
             self._demand = max(0, room)
             self._cond.notify_all()
 
-    def _reserve(self, queue: str) -> int:
-        """Block (a little) until there is room for more messages; how many this receiver may ask for."""
+    def _room_for(self, queue: str) -> int:
+        """How many messages ``queue``'s receiver may ask for now: the consumer's room less what is buffered (10 at
+        most); 0 after waiting (a little) for room. The polls of other queues do not count: each queue polls on its
+        own, so an idle queue's long poll holds nothing another queue needs (see the module docstring)."""
         with self._cond:
             buffered = sum(len(b) for b in self._buffer.values())
-            want = min(10, self._demand - buffered - self._reserved)
+            want = min(10, self._demand - buffered)
             if want <= 0 or queue not in self._consumed:
                 self._cond.wait(1.0)
                 return 0
-            self._reserved += want
             return want
-
-    def _unreserve(self, count: int) -> None:
-        with self._cond:
-            self._reserved -= count
 
     def _buffered(self, claimed: ClaimedDelivery) -> None:
         with self._cond:
@@ -230,12 +231,32 @@ class SQSBrokerStore:
             out += [self._wrap(c) for c in self.control.receive(controls, no_ack=no_ack, limit=limit, lease=lease)]
         with self._cond:
             self._consumed.update(tasks)
-            for queue in tasks:
-                buffer = self._buffer.get(queue)
-                while buffer and len(out) < limit:
-                    out.append(buffer.popleft())
+            taken = self._take(tasks, limit - len(out))
+            self._demand = max(0, self._demand - len(taken))  # the room they fill, until the transport says again
+            out += taken
         for queue in tasks:
             self._ensure_receiver(queue)
+        return out
+
+    def _take(self, queues: Sequence[str], limit: int) -> list[ClaimedDelivery]:
+        """Up to ``limit`` buffered messages, one queue after another (under the lock): a cycle over ``queues`` that
+        goes on, at the next receive, after the queue that gave the last message, so a busy queue never keeps
+        another's messages waiting (kombu's ``FairCycle``)."""
+        out: list[ClaimedDelivery] = []
+        if not queues:
+            return out
+        start = self._turn % len(queues)
+        order = [*queues[start:], *queues[:start]]
+        while len(out) < limit:
+            given = False
+            for i, queue in enumerate(order):
+                buffer = self._buffer.get(queue)
+                if buffer and len(out) < limit:
+                    out.append(buffer.popleft())
+                    self._turn = start + i + 1
+                    given = True
+            if not given:
+                break
         return out
 
     @staticmethod
@@ -247,9 +268,14 @@ class SQSBrokerStore:
     def poll(
         self, queues: Sequence[str], *, no_ack: Collection[str] = (), limit: int = 1, lease: float = 60.0
     ) -> tuple[list[ClaimedDelivery], dict[str, float]]:
+        """:meth:`receive`, and when each queue has its next message due: control queues as Redis says, a task queue
+        with messages still buffered at once (they came in before this poll's change token: no later change would
+        wake the transport for them)."""
         claims = self.receive(queues, no_ack=no_ack, limit=limit, lease=lease)
         controls = [q for q in queues if not self.is_task_queue(q)]
         due = self.control.due_times(controls) if controls and self.control is not None else {}
+        with self._cond:
+            due.update({q: 0.0 for q in queues if self._buffer.get(q)})
         return claims, due
 
     def stop_consuming(self, queues: Sequence[str], *, wait: bool = False) -> None:
@@ -341,6 +367,12 @@ class SQSBrokerStore:
             self.world.retry_later(receipt, delay)
 
     def extend(self, receipts: Sequence[str], lease: float) -> None:
+        """Extend the leases of ``receipts`` (the messages the consumer holds) and of the messages waiting in the
+        buffer (received beside the room, see the module docstring): they are hidden for the same visibility timeout,
+        and wait only while the consumer holds messages."""
+        with self._cond:
+            buffered = [c.receipt for b in self._buffer.values() for c in b]
+        receipts = list(dict.fromkeys([*receipts, *buffered]))
         control = [r[4:] for r in receipts if r.startswith("ctl|")]
         if control:
             self.control.extend(control, lease)
