@@ -155,7 +155,7 @@ class Runtime:
         ``wait``: seconds to keep looking for the hook while no live hook has the token (a run just started has not
         reached its ``create_hook`` yet): it is looked up again after short, growing pauses (up to the World's
         ``poll_interval``), and HookNotFound is raised only once ``wait`` has passed."""
-        if wait < 0 or wait != wait:
+        if not wait >= 0:  # a negative number or NaN
             raise ConfigurationError("resume_hook(wait=...) takes a number of seconds >= 0")
         deadline = time.monotonic() + wait
         pause = 0.005
