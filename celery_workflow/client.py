@@ -244,8 +244,12 @@ class HTTPClient:
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.call("cancel", {"run_id": run_id, **({"reason": reason} if reason else {})})
 
-    def resume_hook(self, token: str, payload: Any = None) -> dict[str, Any]:
-        hook: dict[str, Any] = self.call("resume_hook", {"token": token, "payload": codec.to_json(payload)})["hook"]
+    def resume_hook(self, token: str, payload: Any = None, *, wait: float = 0.0) -> dict[str, Any]:
+        """As :meth:`Workflows.resume_hook` (``wait``: seconds the server keeps looking for the hook)."""
+        params: dict[str, Any] = {"token": token, "payload": codec.to_json(payload)}
+        if wait:
+            params["wait"] = wait
+        hook: dict[str, Any] = self.call("resume_hook", params)["hook"]
         return hook
 
 

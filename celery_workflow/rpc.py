@@ -130,6 +130,8 @@ class CancelParams(Params):
 class ResumeHookParams(Params):
     token: Text = Field(min_length=1, max_length=512)
     payload: Any = None
+    #: seconds to keep looking for a hook the run has not reached yet (``Workflows.resume_hook(wait=...)``)
+    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT)
 
 
 class ReadStreamParams(Params):
@@ -351,7 +353,7 @@ class Methods:
         return {"run": run_json(self.wf.runtime.cancel(p.run_id, p.reason))}
 
     def resume_hook(self, p: ResumeHookParams) -> dict[str, Any]:
-        hook = self.wf.runtime.resume_hook(p.token, p.payload)
+        hook = self.wf.runtime.resume_hook(p.token, p.payload, wait=p.wait)
         return {"hook": {"run_id": hook.run_id, "hook_id": hook.hook_id, "token": hook.token}}
 
     def read_stream(self, p: ReadStreamParams) -> dict[str, Any]:

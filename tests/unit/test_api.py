@@ -318,3 +318,25 @@ def test_list_runs_answers_are_bounded(http: FlaskClient, flows: Workflows, monk
         if cursor is None:
             break
     assert sorted(seen) == [f"big-{n}" for n in range(6)]
+
+
+def test_resume_hook_waits_for_a_hook_the_run_has_not_reached(http: FlaskClient, flows: Workflows) -> None:
+    """RPC ``resume_hook`` with ``wait``: a resume sent right after ``start`` finds the hook once the run reaches it
+    (issue #26 item 21); without ``wait`` it is 404 at once, and a ``wait`` out of range is 400."""
+    import threading
+
+    run_id = rpc(http, "start", workflow="hooked")[1]["result"]["run"]["run_id"]
+    assert rpc(http, "resume_hook", token="api-hook", payload={"ok": 2})[0] == 404
+    assert rpc(http, "resume_hook", token="api-hook", wait=-1)[0] == 400
+    assert rpc(http, "resume_hook", token="api-hook", wait=31)[0] == 400
+    answers: list[tuple[int, Any]] = []
+    thread = threading.Thread(
+        target=lambda: answers.append(rpc(http, "resume_hook", token="api-hook", payload={"ok": 2}, wait=20))
+    )
+    thread.start()
+    worker = LocalWorker(flows)
+    worker.run_until(lambda: bool(answers), timeout=20)
+    thread.join(timeout=20)
+    assert answers[0][0] == 200 and answers[0][1]["result"]["hook"]["run_id"] == run_id
+    worker.run_until(lambda: flows.world.get_run(run_id).status.terminal, timeout=20)
+    assert rpc(http, "get_run", run_id=run_id)[1]["result"]["run"]["output"] == {"ok": 2}
