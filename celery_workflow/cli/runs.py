@@ -19,7 +19,7 @@ from celery_workflow.cli.session import Session, echo_json, get_run, is_tty
 from celery_workflow.cli.text import shown
 from celery_workflow.errors import RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
-from celery_workflow.rpc import event_json, run_json, step_json
+from celery_workflow.rpc import event_data, event_json, run_json, step_json
 from celery_workflow.runtime.continuation import continued_as
 from celery_workflow.world import World
 
@@ -99,7 +99,7 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
     for ev in events:
         click.echo(
             f"  {ev.slot:4} {ev.created_at:%H:%M:%S.%f} {ev.event_type.value:15} {shown(ev.correlation_id or ''):24}"
-            f" {_short(dict(ev.data), 50)}"
+            f" {_short(event_data(ev), 50)}"
         )
 
 

@@ -389,6 +389,8 @@ class Replay:
                 or not self.effects.inline_allowed()
             )
             data = {"step_name": sdef.name, "input": data_input, "mode": "queued" if queued else "inline"}
+            if queued and sdef.queue is not None:
+                data["queue"] = sdef.queue  # where its deliveries go (the step view and the inspector show it)
             created = NewEvent(EventType.STEP_CREATED, cid, data)
             if queued:
                 self.pending.append(created)

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from celery_workflow import codec
-from celery_workflow.errors import FatalError, PayloadError, RetryableError, WorldError
+from celery_workflow.errors import FatalError, InvalidWebhookResponse, PayloadError, RetryableError, WorldError
 from celery_workflow.events import EventType, NewEvent
 from celery_workflow.ids import isoformat
 from celery_workflow.runtime import context
@@ -88,7 +88,9 @@ def execute(
         return StepOutcome(ok=False, error=error_info(exc), fatal=True)
     except RetryableError as exc:
         return StepOutcome(ok=False, error=error_info(exc), retry_after=exc.retry_after)
-    except PayloadError as exc:
+    except (PayloadError, InvalidWebhookResponse) as exc:
+        # the same code produces the same value (or the same malformed response, which the webhook's caller has
+        # already been answered a 500 for): not retried
         return StepOutcome(ok=False, error=error_info(exc), fatal=True)
     except WorldError:
         raise

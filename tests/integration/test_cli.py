@@ -109,6 +109,9 @@ def test_list_show_cancel(wf: Workflows, url: str) -> None:
     assert result.exit_code == 0
     assert "output    42" in result.stdout and "step:double:1" in result.stdout and "run_completed" in result.stdout
 
+    result = cli(url, "runs", "show", waiting.id)  # its hook_created: the token stays hidden (issue #26 item 12)
+    assert result.exit_code == 0 and "hook_created" in result.stdout and "cli-wait" not in result.stdout
+
     result = cli(url, "runs", "cancel", waiting.id, "--reason", "not needed")
     assert (result.exit_code, result.stdout) == (0, f"{waiting.id} cancelled\n")
     assert waiting.status == "cancelled"

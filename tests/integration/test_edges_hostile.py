@@ -220,6 +220,7 @@ def test_a_malformed_manual_response_is_a_generic_500_never_sent(wf: Workflows, 
     (step,) = wf.world.list_steps(wf.world.list_runs(workflow="manual").items[0].run_id)
     assert step.status.value == "failed" and step.error is not None
     assert step.error["type"].endswith("InvalidWebhookResponse")  # the step that gave it learns why
+    assert step.attempt == 1  # not retried: the caller has had its 500
 
 
 def test_a_manual_str_body_is_plain_text(wf: Workflows, worker: LocalWorker) -> None:

@@ -607,3 +607,46 @@ def test_sequential_inline_steps_take_one_write_each(wf: Workflows, worker: Loca
     assert run.result() == 10
     # [run_started, created, started], 4 x [completed, created, started], [completed, run_completed]
     assert appends == [3, 3, 3, 3, 3, 2]
+
+
+def test_a_malformed_webhook_response_fails_its_step_without_retries(wf: Workflows, worker: LocalWorker) -> None:
+    """``InvalidWebhookResponse`` in a step (``request.respond`` given a bad response): the webhook's caller has had
+    its 500, and the same code builds the same response, so the step fails at once (a ConfigurationError, not a
+    FatalError, was retried)."""
+    from celery_workflow.errors import InvalidWebhookResponse
+
+    @wf.step
+    def answer() -> None:
+        raise InvalidWebhookResponse("status 1000 is not an HTTP status")
+
+    @wf.workflow
+    def answering() -> str:
+        try:
+            answer()
+        except StepFailed as exc:
+            return exc.error_type
+        return "answered"
+
+    run = answering.start()
+    worker.run_until_complete(run)
+    assert run.result() == "celery_workflow.errors.InvalidWebhookResponse"
+    assert [s.attempt for s in run.steps()] == [1]
+
+
+def test_a_step_routed_to_its_own_queue_records_it(wf: Workflows, worker: LocalWorker) -> None:
+    """Its ``step_created`` names the queue its deliveries go to, so the step view (and an inspector serving the
+    World alone, without the registry) shows it (issue #26 item 20)."""
+
+    @wf.step(queue="packing")
+    def pack(n: int) -> int:
+        return n
+
+    @wf.workflow
+    def packing(n: int) -> int:
+        return pack(n)
+
+    run = packing.start(3)
+    LocalWorker(wf, queues=[wf.runtime.default_queue, "packing"]).run_until_complete(run)
+    assert run.result() == 3
+    (step,) = wf.world.list_steps(run.id)
+    assert step.queue == "packing"
