@@ -72,7 +72,9 @@ class LocalWorker:
             outcome = self.workflows.handle_delivery(claimed.payload, Claim(claimed.receipt, claimed.attempts))
         except Exception as exc:
             self.failures.append((task, exc))
-            self.world.retry_later(claimed.receipt, self.backoff(claimed.attempts), error=f"{type(exc).__name__}: {exc}")
+            self.world.retry_later(
+                claimed.receipt, self.backoff(claimed.attempts), error=f"{type(exc).__name__}: {exc}"
+            )
             return "error"
         self.world.ack(claimed.receipt)
         self.handled.append((task, outcome))
