@@ -10,7 +10,9 @@ dead-letter queue) when
 * a consumer rejects it without requeue (``rejected``): Kombu's ``message.reject(requeue=False)``, which is what
   Celery does with an unregistered task name, a content type the worker does not accept, or a failed ``acks_late``
   task; as on a RabbitMQ queue with a dead-letter exchange, it is moved, not retried;
-* its stored row cannot be decoded as a Kombu message (``undecodable``).
+* it cannot be decoded (``undecodable``): its stored row is not a Kombu message, or its body does not decode as its
+  content type and encoding say (a consumer that gave up on it, as Celery does with "Can't decode", moves it instead
+  of acking it away); the last error names the content type and the decoder's error.
 
 A dead letter keeps the message body and queue, how often it was delivered, why it moved, when its first and last
 failed delivery were and the last error recorded. A run one of whose deliveries is dead-lettered is failed with
@@ -121,7 +123,7 @@ class DeadLetter:
         why = {
             MAX_DELIVERIES: f"delivered {self.deliveries} times without success",
             REJECTED: "rejected by its consumer without requeue",
-            UNDECODABLE: "its stored row cannot be decoded",
+            UNDECODABLE: "it cannot be decoded",
         }.get(self.reason, self.reason)
         text = f"{what} on queue {self.queue!r} was dead-lettered ({why})"
         return text + (f"; last error: {self.last_error}" if self.last_error else "")
