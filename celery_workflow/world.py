@@ -188,6 +188,104 @@ class Capabilities:
         return str({f.name: f.metadata["doc"] for f in fields(Capabilities)}[name])
 
 
+@dataclass(frozen=True, slots=True)
+class AppendLimits:
+    """How much one :meth:`World.append` may carry, in the World's own measure; the runtime splits what one delivery
+    writes into appends that fit (:mod:`celery_workflow.runtime.batches`).
+
+    *Actions*: an append costs ``reserved_actions`` (the World's own writes: the run's record, the ack, a run end's
+    bookkeeping), plus each event's actions (``event_actions`` by event type value, else ``default_event_actions``)
+    and each delivery's ``delivery_actions``; at most ``max_actions``.
+
+    *Bytes*: ``reserved_bytes``, plus per event its data's JSON size times the copies the World writes of it
+    (``event_copies`` by type, else ``default_event_copies``: the event and, say, the step view holding the same
+    input) plus what its write holds besides (``event_overhead`` by type, else ``default_event_overhead``: the items'
+    other attributes; an update of a view counted as the whole item, where the store counts it so), plus per delivery
+    its payload and ``delivery_overhead``; at most ``max_bytes``.
+
+    ``None`` means no limit: a World that declares nothing (:data:`NO_APPEND_LIMITS`) takes any batch in one append
+    (SQLite; Postgres, which splits its statements inside its one transaction). Each figure must be an upper bound of
+    what the World's append really counts, so that a batch the runtime packs within them is never refused for its
+    size (the conformance suite checks it).
+    """
+
+    max_actions: int | None = None
+    max_bytes: int | None = None
+    reserved_actions: int = 0
+    reserved_bytes: int = 0
+    event_actions: Mapping[str, int] = field(default_factory=dict)
+    default_event_actions: int = 1
+    delivery_actions: int = 1
+    event_copies: Mapping[str, int] = field(default_factory=dict)
+    default_event_copies: int = 1
+    event_overhead: Mapping[str, int] = field(default_factory=dict)
+    default_event_overhead: int = 0
+    delivery_overhead: int = 0
+
+    def __post_init__(self) -> None:
+        costs: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                costs.update({f"{f.name}[{k}]": v for k, v in value.items()})
+            else:
+                costs[f.name] = value
+        for name, value in costs.items():
+            if value is None and name.startswith("max_"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigurationError(f"AppendLimits.{name} must be an int >= 0, not {value!r}")
+        for name in ("max_actions", "max_bytes"):
+            limit, reserved = getattr(self, name), getattr(self, name.replace("max_", "reserved_"))
+            if limit is not None and limit <= reserved:
+                raise ConfigurationError(
+                    f"AppendLimits.{name} ({limit}) leaves no room beside what every append reserves"
+                )
+
+    @property
+    def unlimited(self) -> bool:
+        """Whether any batch fits in one append."""
+        return self.max_actions is None and self.max_bytes is None
+
+    def event_cost(self, event: NewEvent) -> tuple[int, int]:
+        """The actions and bytes ``event`` adds to an append (bytes 0 when the World counts none)."""
+        kind = event.event_type.value
+        actions = self.event_actions.get(kind, self.default_event_actions)
+        if self.max_bytes is None:
+            return actions, 0
+        copies = self.event_copies.get(kind, self.default_event_copies)
+        overhead = self.event_overhead.get(kind, self.default_event_overhead)
+        return actions, copies * codec.encoded_size(event.data) + overhead
+
+    def delivery_cost(self, delivery: Delivery) -> tuple[int, int]:
+        """The actions and bytes ``delivery`` adds to an append."""
+        return self.delivery_actions, len(delivery.payload) + self.delivery_overhead
+
+    def cost(self, events: Sequence[NewEvent], deliveries: Sequence[Delivery]) -> tuple[int, int]:
+        """The actions and bytes of one append of ``events`` and ``deliveries`` (what it reserves included)."""
+        actions, size = self.reserved_actions, self.reserved_bytes
+        for cost in [*map(self.event_cost, events), *map(self.delivery_cost, deliveries)]:
+            actions += cost[0]
+            size += cost[1]
+        return actions, size
+
+    def fits(self, actions: int, size: int) -> bool:
+        """Whether an append costing ``actions`` and ``size`` bytes is within the limits."""
+        return (self.max_actions is None or actions <= self.max_actions) and (
+            self.max_bytes is None or size <= self.max_bytes
+        )
+
+
+#: The limits of a World that declares none: any batch is one append.
+NO_APPEND_LIMITS = AppendLimits()
+
+
+def append_limits(world: object) -> AppendLimits:
+    """The :attr:`World.append_limits` of ``world`` (:data:`NO_APPEND_LIMITS` for a World that declares none)."""
+    declared = getattr(world, "append_limits", None)
+    return declared if isinstance(declared, AppendLimits) else NO_APPEND_LIMITS
+
+
 class Upkeep(Protocol):
     """Background work a World runs while a worker lives (e.g. retention sweeps); stopped at worker shutdown."""
 
@@ -196,7 +294,14 @@ class Upkeep(Protocol):
 
 @runtime_checkable
 class World(Protocol):
-    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe."""
+    """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe.
+
+    Optional attributes (read with a default, so a World without them still is one): ``base_url`` (webhook URLs,
+    unless ``Workflows`` has its own) and ``append_limits``, an :class:`AppendLimits` saying how much one append may
+    carry: the runtime splits what one delivery writes into appends within them (a fan-out of 10,000 steps on
+    DynamoDB's 100 actions per transaction). Without it, or with :data:`NO_APPEND_LIMITS`, any batch is one append
+    (read it with :func:`append_limits`).
+    """
 
     #: Longest time a waiter sleeps between checks when nothing wakes it.
     poll_interval: float

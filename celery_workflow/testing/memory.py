@@ -5,6 +5,9 @@ minus durability and cross-process access:
 
 * every append goes through :func:`celery_workflow.rules.plan_append` (the single source of the transition rules)
   and is applied, with the deliveries handed in with it, under one lock: all or nothing, contiguous slots;
+* an append is limited in size, as on DynamoDB (:data:`MEMORY_APPEND_LIMITS`, declared as ``append_limits``): small
+  on purpose, so that workflows tested on it meet batches split by the runtime (a gather of a few dozen steps), and
+  a batch over the limit is refused with :class:`~celery_workflow.errors.EventInvalid`;
 * event data is stored as a JSON round trip of what was appended, so callers never share objects with the World
   (tuples come back as lists, exactly as from a database);
 * the queue is faithful: due times, leases that hide a claimed delivery until they expire, receipts that go stale
@@ -39,10 +42,18 @@ from celery_workflow._backend.checks import check_chunks, check_deliveries, chec
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.template import AppendRequest, Loaded
 from celery_workflow._backend.waiting import wait_until
-from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
+from celery_workflow.errors import (
+    ConfigurationError,
+    EventConflict,
+    EventInvalid,
+    HookNotFound,
+    RunNotFound,
+    StepNotFound,
+)
 from celery_workflow.events import Event, EventType, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
     DEFAULT_MAX_PAYLOAD,
+    AppendLimits,
     BrokerSpec,
     Capabilities,
     ClaimedDelivery,
@@ -54,9 +65,13 @@ from celery_workflow.world import (
     Upkeep,
 )
 
-__all__ = ["MemoryWorld"]
+__all__ = ["MEMORY_APPEND_LIMITS", "MemoryWorld"]
 
 R = TypeVar("R")
+
+#: What one append of a :class:`MemoryWorld` may carry by default: 50 actions, 2 of them reserved (as DynamoDB's run
+#: record and ack), an event or a delivery 1 each, and 2 MB. Small, so that a gather of a few dozen steps is split.
+MEMORY_APPEND_LIMITS = AppendLimits(max_actions=50, reserved_actions=2, max_bytes=2_000_000)
 
 
 @dataclass(slots=True)
@@ -107,8 +122,16 @@ class MemoryWorld(TemplateWorld):
     #: The largest value it stores: the same as the SQL Worlds (the event-data limit less the event's other fields).
     max_payload: int = DEFAULT_MAX_PAYLOAD
 
-    def __init__(self, *, poll_interval: float = 0.05, clock: Callable[[], datetime] = ids.utcnow) -> None:
+    def __init__(
+        self,
+        *,
+        poll_interval: float = 0.05,
+        clock: Callable[[], datetime] = ids.utcnow,
+        append_limits: AppendLimits = MEMORY_APPEND_LIMITS,
+    ) -> None:
+        """``append_limits``: what one append may carry (``world.NO_APPEND_LIMITS``: any batch)."""
         self.poll_interval = poll_interval
+        self.append_limits = append_limits
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._runs: dict[str, _Run] = {}
@@ -426,6 +449,15 @@ class _MemoryAppend:
         return self.world._now()
 
     def transaction(self, body: Callable[[None], R], request: AppendRequest) -> R:
+        limits = self.world.append_limits
+        if not limits.unlimited:  # refused as DynamoDB refuses a transaction over its limits, before any read
+            actions, size = limits.cost(request.batch, request.deliveries)
+            if not limits.fits(actions, size):
+                raise EventInvalid(
+                    f"this append of run {request.run_id} needs {actions} actions and {size} bytes; the in-memory"
+                    f" World takes at most {limits.max_actions or 'any number of'} actions and"
+                    f" {limits.max_bytes or 'any number of'} bytes per append (append_limits)"
+                )
         with self.world._cond:
             result = body(None)
             self.world._changed()
