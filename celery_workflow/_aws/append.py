@@ -9,8 +9,13 @@ deletion of the acked record (conditioned on its claim). A failed condition mean
 the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. After the commit the new
 records are published (:mod:`celery_workflow._aws.queue`) and the acked message deleted.
 
-Limits: at most 100 actions per transaction and 400 KB per item, checked before anything is sent
-(:class:`~celery_workflow.errors.EventInvalid` / :class:`~celery_workflow.errors.EventTooLarge`).
+Limits: at most 100 actions and 4 MB per transaction and 400 KB per item, checked before anything is sent
+(:class:`~celery_workflow.errors.EventInvalid` / :class:`~celery_workflow.errors.EventTooLarge`). What one append of
+the runtime may carry is declared as :data:`APPEND_LIMITS` (the World's ``append_limits``), an upper bound of what
+``write`` counts: the runtime splits a larger batch (a fan-out) into appends within it. A run's end deletes every hook,
+token and wait the run still has, which no batch names: what does not fit in its transaction beside the batch (tokens
+first, then hooks, then waits) is deleted right after the commit (:meth:`AWSAppend.write`), so a run with many waits
+or hooks still ends.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_workflow import ids, rules
-from celery_workflow._aws.dynamo import Cancelled
+from celery_workflow._aws.dynamo import Cancelled, ConditionFailed
 from celery_workflow._aws.items import (
     CODEC,
     event_item,
@@ -32,6 +37,7 @@ from celery_workflow._aws.items import (
     item_size,
     run_item,
     token_item,
+    value_size,
     view_item,
     view_of,
 )
@@ -51,12 +57,13 @@ from celery_workflow._aws.table import (
 from celery_workflow._backend.records import MUTABLE, created_slots
 from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
 from celery_workflow.errors import EventInvalid, EventTooLarge, WorldUnavailable
-from celery_workflow.events import EventType
+from celery_workflow.events import RUN_END_STATUS, EventType
+from celery_workflow.world import AppendLimits
 
 if TYPE_CHECKING:
     from celery_workflow._aws.world import AWSWorld
 
-__all__ = ["AWSAppend", "update_action"]
+__all__ = ["APPEND_LIMITS", "MAX_TRANSACTION_BYTES", "RUN_END_ROOM", "AWSAppend", "update_action"]
 
 R = TypeVar("R")
 
@@ -64,6 +71,45 @@ R = TypeVar("R")
 MAX_ATTEMPTS = 30
 #: An outbox entry older than this was left by a writer that stopped: the next append of the run publishes it.
 OUTBOX_GRACE_MICROS = 60_000_000
+#: DynamoDB's limit on the aggregate size of a transaction's items (4 MB), as this module measures it: every Put's
+#: item, every Update's key and values, every Delete's key.
+MAX_TRANSACTION_BYTES = 4_000_000
+#: The actions a run-ending event is declared to cost: room in its transaction for the deletion of the run's live
+#: hooks (and their tokens) and waits, which no batch names; what does not fit is deleted right after the commit.
+RUN_END_ROOM = 50
+#: What one append may carry, as ``write`` counts it (an upper bound of each): the META update, the ack's delete and
+#: a run end's expiry record in every transaction; per event its item and the view, hook or token items it changes
+#: (a step or wait event 2, a hook's creation or disposal 3: the hook and its token); per delivery its ``QUEUE#``
+#: record. Bytes: the META item whole, each event's data twice (its item and the view that copies it; three times for
+#: a hook: the hook and its token) plus room for the items' other attributes, an update of an existing view counted
+#: as the whole item it may be; each delivery's payload plus its record's attributes.
+APPEND_LIMITS = AppendLimits(
+    max_actions=MAX_ACTIONS,
+    max_bytes=MAX_TRANSACTION_BYTES,
+    reserved_actions=3,
+    reserved_bytes=MAX_ITEM_BYTES + 8 * 1024,
+    event_actions={
+        **{kind.value: 2 for kind in EventType if kind.value.startswith(("step_", "wait_"))},
+        **{kind.value: RUN_END_ROOM for kind in RUN_END_STATUS},
+        EventType.RUN_STARTED.value: 1,
+        EventType.HOOK_RECEIVED.value: 1,
+    },
+    default_event_actions=3,
+    event_copies={EventType.HOOK_CREATED.value: 3},
+    default_event_copies=2,
+    event_overhead={
+        kind.value: MAX_ITEM_BYTES
+        for kind in (
+            EventType.STEP_STARTED,
+            EventType.STEP_COMPLETED,
+            EventType.STEP_FAILED,
+            EventType.STEP_RETRYING,
+            EventType.WAIT_COMPLETED,
+        )
+    },
+    default_event_overhead=8 * 1024,
+    delivery_overhead=2 * 1024,
+)
 
 
 @dataclass(slots=True)
@@ -180,7 +226,7 @@ class AWSAppend:
         now = ids.utcnow()
         records = [Record.of(d, now) for d in request.deliveries]
         expiry = world.expiry_record(plan) if plan.run_ended else None
-        actions = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
+        actions, cleanup = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
         ack_index = None
         if tx.ack is not None:
             ack_index = len(actions)
@@ -197,7 +243,15 @@ class AWSAppend:
         if len(actions) > MAX_ACTIONS:
             raise EventInvalid(
                 f"this append of run {request.run_id} needs {len(actions)} DynamoDB actions; one transaction takes"
-                f" at most {MAX_ACTIONS} (fewer events, deliveries or live hooks per batch)"
+                f" at most {MAX_ACTIONS} (fewer events or deliveries per batch: see the World's append_limits)"
+            )
+        room = MAX_ACTIONS - len(actions)
+        actions += cleanup[:room]
+        size = transaction_size(actions)
+        if size > MAX_TRANSACTION_BYTES:
+            raise EventInvalid(
+                f"this append of run {request.run_id} holds {size} bytes; one DynamoDB transaction takes at most"
+                f" {MAX_TRANSACTION_BYTES} (fewer or smaller events per batch: see the World's append_limits)"
             )
         try:
             world.table.transact("TransactWriteItems (append)", actions)
@@ -208,6 +262,7 @@ class AWSAppend:
                 return
             if not self._committed(request, plan):
                 raise StaleSnapshot() from None
+        self._clean_up(cleanup[room:])
         published = [*records, *([expiry] if expiry else [])]
         if published:
             world.queue.publish(request.run_id, published)
@@ -217,6 +272,28 @@ class AWSAppend:
                 world.queue.settled(done)
         if tx.stale_outbox:
             world.queue.republish(request.run_id)
+
+    def _clean_up(self, deletes: list[dict[str, Any]]) -> None:
+        """The deletes of a run's end that did not fit in its transaction (the run has ended: nothing reads these
+        items as the run's any more; a token is deleted only while it is still this run's hook's). A crash before
+        they are done leaves them until the run expires (DESIGN: a run's end deletes its hooks and waits)."""
+        table = self.world.table
+        plain = [d["Delete"]["Key"] for d in deletes if "ConditionExpression" not in d["Delete"]]
+        if plain:
+            table.delete_many(plain)
+        for d in deletes:
+            action = d["Delete"]
+            if "ConditionExpression" not in action:
+                continue
+            key = {k: v["S"] for k, v in action["Key"].items()}
+            try:
+                table.delete(
+                    key,
+                    ConditionExpression=action["ConditionExpression"],
+                    ExpressionAttributeValues=action["ExpressionAttributeValues"],
+                )
+            except ConditionFailed:
+                pass  # another run's hook owns the token now
 
     def _committed(self, request: AppendRequest, plan: rules.Plan) -> bool:
         """Whether this very request committed already: a retry of a transaction whose answer was lost finds its
@@ -228,11 +305,14 @@ class AWSAppend:
 
     def _actions(
         self, tx: _Tx, request: AppendRequest, plan: rules.Plan, records: list[Record]
-    ) -> list[dict[str, Any]]:
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The transaction's actions, and a run end's deletes of the hooks, tokens and waits the run still has
+        (tokens first, then hooks, then waits: as many go in the transaction as fit, the rest right after it)."""
         table = self.world.table.name
         run = plan.run
         pk = run_pk(run.run_id)
         actions: list[dict[str, Any]] = []
+        cleanup: list[dict[str, Any]] = []
 
         def put(item: dict[str, Any], condition: str | None = None, values: dict[str, Any] | None = None) -> None:
             size = item_size(item)
@@ -247,19 +327,25 @@ class AWSAppend:
                 action["ExpressionAttributeValues"] = values
             actions.append({"Put": action})
 
-        def delete(key: dict[str, str], condition: str | None = None, values: dict[str, Any] | None = None) -> None:
+        def delete(
+            key: dict[str, str],
+            condition: str | None = None,
+            values: dict[str, Any] | None = None,
+            *,
+            to: list[dict[str, Any]] = actions,
+        ) -> None:
             action: dict[str, Any] = {"TableName": table, "Key": {k: {"S": v} for k, v in key.items()}}
             if condition:
                 action["ConditionExpression"] = condition
             if values:
                 action["ExpressionAttributeValues"] = values
-            actions.append({"Delete": action})
+            to.append({"Delete": action})
 
         actions.append(self._meta_update(tx, plan, records))
         if not plan.events:
             for record in records:
                 put(record.item())
-            return actions
+            return actions, cleanup
         for e in plan.events:
             put(event_item(e, request.write_id), "attribute_not_exists(pk)")
         created = created_slots(plan.events)
@@ -295,22 +381,25 @@ class AWSAppend:
                     "run_id = :r AND hook_id = :h",
                     {":r": {"S": run.run_id}, ":h": {"S": previous}},
                 )
-        for hook_id in sorted(deleted):
-            delete({"pk": hook_pk(run.run_id, hook_id), "sk": META})
+        # a run's end: its hooks, tokens and waits, however many, go to the cleanup (see write)
+        gone = cleanup if plan.run_ended else actions
         for token, hook_id in released.items():
             if token not in moved:
                 delete(
                     {"pk": token_pk(token), "sk": META},
                     "attribute_not_exists(pk) OR (run_id = :r AND hook_id = :h)",
                     {":r": {"S": run.run_id}, ":h": {"S": hook_id}},
+                    to=gone,
                 )
+        for hook_id in sorted(deleted):
+            delete({"pk": hook_pk(run.run_id, hook_id), "sk": META}, to=gone)
         if plan.run_ended:
             for wait_id in tx.waits:
                 if wait_id not in plan.waits:
-                    delete({"pk": pk, "sk": wait_sk(wait_id)})
+                    delete({"pk": pk, "sk": wait_sk(wait_id)}, to=gone)
         for record in records:
             put(record.item())
-        return actions
+        return actions, cleanup
 
     def _meta_update(self, tx: _Tx, plan: rules.Plan, records: list[Record]) -> dict[str, Any]:
         """The META update: the run view, live hooks, created hook ids and the outbox, conditioned on the event count
@@ -371,6 +460,21 @@ class AWSAppend:
             "ExpressionAttributeValues": values,
         }
         return {"Update": update}
+
+
+def transaction_size(actions: list[dict[str, Any]]) -> int:
+    """The aggregate size of a transaction's items as :data:`MAX_TRANSACTION_BYTES` measures it: every Put's item,
+    every Update's key and values, every Delete's key."""
+    total = 0
+    for action in actions:
+        ((kind, body),) = action.items()
+        if kind == "Put":
+            total += item_size(body["Item"])
+        else:
+            total += item_size(body["Key"]) + sum(
+                value_size(v) for v in body.get("ExpressionAttributeValues", {}).values()
+            )
+    return total
 
 
 def _live_hooks(tx: _Tx, plan: rules.Plan) -> dict[str, str]:

@@ -20,7 +20,7 @@ from celery_workflow._aws.table import META, event_sk, hook_pk, list_sk, run_pk,
 from celery_workflow._backend.records import RecordCodec
 from celery_workflow.events import Event, HookView, RunView, StepView, WaitView
 
-__all__ = ["CODEC", "attr", "event_item", "hook_item", "item_size", "plain", "run_item", "view_item"]
+__all__ = ["CODEC", "attr", "event_item", "hook_item", "item_size", "plain", "run_item", "value_size", "view_item"]
 
 Item = dict[str, Any]
 

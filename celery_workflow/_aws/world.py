@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery_workflow import codec, ids, rules
-from celery_workflow._aws.append import AWSAppend
+from celery_workflow._aws.append import APPEND_LIMITS, AWSAppend
 from celery_workflow._aws.config import AWSConfig, QueueConfig
 from celery_workflow._aws.dead_letters import SQSDeadLetters
 from celery_workflow._aws.dynamo import Cancelled, Table
@@ -54,6 +54,7 @@ from celery_workflow.errors import ConfigurationError, EventTooLarge, HookNotFou
 from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
 from celery_workflow.world import (
     DEFAULT_MAX_PAYLOAD,
+    AppendLimits,
     BrokerSpec,
     Capabilities,
     ClaimedDelivery,
@@ -86,6 +87,9 @@ class AWSWorld(TemplateWorld, StoreStreams):
     #: last error, all within DynamoDB's 400 KB (:data:`MAX_ITEM_BYTES`): half of what is left after the room for an
     #: error and the item's other attributes (:data:`_ITEM_ROOM`), and never more than any World's event data holds.
     max_payload: int = min(DEFAULT_MAX_PAYLOAD, (MAX_ITEM_BYTES - _ITEM_ROOM) // 2)
+    #: What one append may carry: DynamoDB's 100 actions and 4 MB per transaction, as the append counts them
+    #: (:data:`celery_workflow._aws.append.APPEND_LIMITS`); the runtime splits a wider fan-out into several appends.
+    append_limits: AppendLimits = APPEND_LIMITS
 
     def __init__(self, config: AWSConfig, dynamodb_client: Any, sqs_client: Any) -> None:
         if not isinstance(config, AWSConfig):

@@ -1,0 +1,75 @@
+"""The AWS World on moto: fan-outs and run ends wider than one DynamoDB transaction (issue #26, item 4).
+
+A transaction takes 100 actions: a gather of 40 steps needed 123 in one append (EventInvalid, the run failed), and a
+run with more waits and hooks than fit beside its end could never end (its cleanup was in the same transaction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from celery import Celery
+
+from celery_workflow import Workflows
+from celery_workflow._aws.append import MAX_TRANSACTION_BYTES, transaction_size
+from celery_workflow.errors import HookNotFound
+from celery_workflow.events import EventType, RunStatus
+from celery_workflow.runtime.context import gather
+from celery_workflow.testing._conformance import create, ev, hook_created, unique
+from celery_workflow.testing.driver import LocalWorker
+from celery_workflow.world_sqs import AWSWorld
+from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
+
+
+@pytest.fixture(name="world")
+def world_fixture(aws: Aws) -> Iterator[AWSWorld]:
+    w = aws.world()
+    yield w
+    w.close()
+
+
+def test_a_gather_of_40_steps_completes(world: AWSWorld) -> None:
+    wf = Workflows(Celery("awsfan"), world=world, configure_broker=False)
+
+    @wf.step
+    def one(i: int) -> int:
+        return i
+
+    @wf.workflow
+    def fan(n: int) -> int:
+        return sum(gather(*[one.start(i) for i in range(n)]))
+
+    run = fan.start(40)
+    view = LocalWorker(wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=60)
+    assert view.status is RunStatus.COMPLETED, view.error
+    assert run.result(timeout=0) == sum(range(40))
+    wf.close()
+
+
+def test_a_run_ends_whatever_waits_and_hooks_it_has(world: AWSWorld) -> None:
+    run = create(world, started=True)
+    waits = [ev(EventType.WAIT_CREATED, f"wait:{k}", resume_at="2000-01-01T00:00:00+00:00") for k in range(1, 121)]
+    done = [ev(EventType.WAIT_COMPLETED, f"wait:{k}") for k in range(1, 121)]
+    hooks = [hook_created(f"hook:{k}", unique("tok")) for k in range(1, 41)]
+    setup = [*waits, *done, *hooks]
+    for i in range(0, len(setup), 30):  # 30 events a transaction (a hook's creation is 3 actions)
+        world.append(run.run_id, setup[i : i + 30])
+    assert len(world.list_waits(run.run_id)) == 120 and len(world.list_hooks(run.run_id)) == 40
+    # 120 waits, 40 hooks and their 40 tokens to delete: more than one transaction holds beside the end itself
+    ended = world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)]).run
+    assert ended.status is RunStatus.COMPLETED
+    assert world.list_waits(run.run_id) == [] and world.list_hooks(run.run_id) == []
+    for hook in hooks:
+        with pytest.raises(HookNotFound):
+            world.get_hook_by_token(str(hook.data["token"]))
+
+
+def test_transaction_size_counts_items_keys_and_values() -> None:
+    put = {"Put": {"TableName": "t", "Item": {"pk": {"S": "a" * 10}, "v": {"B": b"x" * 100}}}}
+    update = {
+        "Update": {"TableName": "t", "Key": {"pk": {"S": "k"}}, "ExpressionAttributeValues": {":v": {"S": "y" * 50}}}
+    }
+    delete = {"Delete": {"TableName": "t", "Key": {"pk": {"S": "kk"}}}}
+    assert transaction_size([put, update, delete]) == (2 + 10 + 1 + 100) + (2 + 1 + 50) + (2 + 2)
+    assert MAX_TRANSACTION_BYTES == 4_000_000
