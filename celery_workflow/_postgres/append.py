@@ -53,6 +53,7 @@ from celery_workflow._postgres.rows import (
     TABLE,
     TOKEN_LOCK_SPACE,
     event_row,
+    insert_rows,
     insert_sql,
     token_lock_keys,
     update_sql,
@@ -259,9 +260,12 @@ def write_plan(
     created = created_slots(plan.events)
     run_record = CODEC.record("runs", run)
     script.add(RUN_UPDATE, (*(run_record[c] for c in MUTABLE["runs"]), run.run_id))
-    script.add(
-        insert_sql("celery_workflow_events", COLUMNS["celery_workflow_events"], rows=len(plan.events)),
-        [value for e in plan.events for value in event_row(e, write_id)],
+    # one INSERT per MAX_INSERT_ROWS events: a statement takes at most 65,535 parameters (a fan-out of 10,000 steps)
+    insert_rows(
+        script,
+        "celery_workflow_events",
+        COLUMNS["celery_workflow_events"],
+        [event_row(e, write_id) for e in plan.events],
     )
     for table, items, kind in (
         ("steps", plan.steps, EventType.STEP_CREATED),

@@ -14,9 +14,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_workflow._backend.records import EVENT_COLUMNS, RecordCodec, world_tables
+from celery_workflow._postgres.script import MAX_PARAMETERS, Script
 from celery_workflow.events import Event
 
-__all__ = ["CODEC", "COLUMNS", "TABLES"]
+__all__ = ["CODEC", "COLUMNS", "MAX_INSERT_ROWS", "TABLES", "insert_rows"]
 
 #: The World's tables as the code expects them (the migration test compares the migrated catalog with this).
 TABLES = world_tables(
@@ -72,6 +73,23 @@ def insert_sql(table: str, columns: Sequence[str], *, rows: int = 1) -> str:
     """INSERT of ``rows`` rows; parameters: the values of each row in turn."""
     one = f"({', '.join(['%s'] * len(columns))})"
     return f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([one] * rows)}"
+
+
+#: The most rows one multi-row INSERT takes: well within the parameters a statement may have
+#: (:data:`~celery_workflow._postgres.script.MAX_PARAMETERS`) for any of our tables, and few enough distinct
+#: statements (one per row count) for the connection to prepare.
+MAX_INSERT_ROWS = 1000
+
+
+def insert_rows(script: Script, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[int]:
+    """Queue the INSERT of ``rows`` on ``script``: as many statements as it takes (at most :data:`MAX_INSERT_ROWS`
+    rows and :data:`~celery_workflow._postgres.script.MAX_PARAMETERS` parameters each), all in the script's one
+    transaction. The indexes of their results."""
+    per = max(1, min(MAX_INSERT_ROWS, MAX_PARAMETERS // max(1, len(columns))))
+    return [
+        script.add(insert_sql(table, columns, rows=len(part)), [value for row in part for value in row])
+        for part in (rows[i : i + per] for i in range(0, len(rows), per))
+    ]
 
 
 def update_sql(table: str, columns: Sequence[str], key: Sequence[str]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from contextlib import suppress
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
@@ -24,10 +24,12 @@ from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.generators import fetch_many, pipeline_communicate, send
 
+from celery_workflow.errors import EventInvalid
+
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Result", "Script", "commit_setting", "forget_prepared", "no_auto_prepare", "query"]
+__all__ = ["MAX_PARAMETERS", "Result", "Script", "commit_setting", "forget_prepared", "no_auto_prepare", "query"]
 
 _ATTRIBUTE = "_celery_workflow_prepared"
 _PLACEHOLDER = re.compile(r"%(?:%|s|\((\w+)\)s)")
@@ -35,6 +37,9 @@ _PLACEHOLDER = re.compile(r"%(?:%|s|\((\w+)\)s)")
 #: buffers, so the server's answers can wait in them until the script is sent whole.
 _ONE_SEND = 32768
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK, pq.ExecStatus.EMPTY_QUERY)
+#: The most parameters one statement may have: the protocol's Bind message counts them in 16 bits (libpq refuses
+#: more with "number of parameters must be between 0 and 65535"). A script may hold any number of statements.
+MAX_PARAMETERS = 65535
 
 
 class Script:
@@ -56,7 +61,13 @@ class Script:
         self._queued: list[tuple[str, Any]] = []
 
     def add(self, sql: str, params: Any = None) -> int:
-        """Queue one statement; return the index of its result in :meth:`send`'s answer."""
+        """Queue one statement; return the index of its result in :meth:`send`'s answer. EventInvalid for a
+        statement with more than :data:`MAX_PARAMETERS` parameters (split it: see ``rows.insert_rows``), before
+        anything is sent."""
+        if isinstance(params, Sized) and len(params) > MAX_PARAMETERS:
+            raise EventInvalid(
+                f"a statement with {len(params)} parameters; Postgres takes at most {MAX_PARAMETERS} per statement"
+            )
         self._queued.append((sql, params))
         return len(self._queued) - 1
 
