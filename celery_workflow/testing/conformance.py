@@ -26,7 +26,9 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * streams, blocking waits and concurrent writers (:class:`StreamConformance`, :class:`WaitForTerminalConformance`,
   :class:`ConcurrencyConformance`);
 * workflows under World faults (:class:`FaultConformance`): a World error at any call is retried, never the run's
-  outcome; a write refused as malformed fails its run or step at once.
+  outcome; a write refused as malformed fails its run or step at once;
+* fan-outs wider than one append (:class:`FanOutConformance`): the runtime splits what one delivery writes within
+  the World's declared ``append_limits``, a failure between two appends is recovered, and the limits hold.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
 deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
@@ -48,6 +50,7 @@ from celery_workflow.testing.conformance_concurrency import (
     StreamConformance,
     WaitForTerminalConformance,
 )
+from celery_workflow.testing.conformance_fanout import FanOutConformance
 from celery_workflow.testing.conformance_faults import FaultConformance
 from celery_workflow.testing.conformance_queue import QueueConformance
 from celery_workflow.testing.conformance_rules import (
@@ -61,6 +64,7 @@ from celery_workflow.testing.conformance_storage import StorageConformance
 __all__ = [
     "ConcurrencyConformance",
     "Conformance",
+    "FanOutConformance",
     "FaultConformance",
     "HookRulesConformance",
     "QueueConformance",
@@ -86,5 +90,6 @@ class WorldConformance(
     WaitForTerminalConformance,
     ConcurrencyConformance,
     FaultConformance,
+    FanOutConformance,
 ):
     """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""

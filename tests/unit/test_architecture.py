@@ -209,14 +209,16 @@ def test_celery_is_used_only_by_app_py() -> None:
     # transport/prefork.py is the worker pool our transports give a Celery worker (it subclasses Celery's prefork), and
     # transport/pool_hook.py hands it to the worker through celery.signals.worker_init; inspector/server.py wraps a bare
     # World for the run inspector in a Workflows with a Celery app of its own (only to build the wake-up message of a
-    # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py runs
-    # real workflows on the World under test, in a Workflows with a Celery app of its own, for the same reason
+    # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py and
+    # testing/conformance_fanout.py run real workflows on the World under test, in a Workflows with a Celery app of
+    # their own, for the same reason
     allowed = {
         "celery_workflow.app",
         "celery_workflow.demo",
         "celery_workflow.transport.prefork",
         "celery_workflow.inspector.server",
         "celery_workflow.testing.conformance_faults",
+        "celery_workflow.testing.conformance_fanout",
     }
     assert users("celery") <= allowed | {"celery_workflow.transport.pool_hook"}
     assert {n for n in users("kombu") if not n.startswith("celery_workflow.transport.")} <= {"celery_workflow.app"}
