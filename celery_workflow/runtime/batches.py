@@ -84,8 +84,32 @@ def split(events: Sequence[NewEvent], deliveries: Sequence[Delivery], limits: Ap
     refuses it with its own error). Chunks are filled from the last one back, so the last (the ack) is full and the
     first holds what is left over.
     """
-    if limits.unlimited or limits.fits(*limits.cost(events, deliveries)):
+    if limits.unlimited:
         return [Chunk(list(events), list(deliveries))]
+    units = _units(events, deliveries, limits)
+    total = (
+        limits.reserved_actions + sum(u.actions for u in units),
+        limits.reserved_bytes + sum(u.size for u in units),
+    )
+    if limits.fits(*total):
+        return [Chunk(list(events), list(deliveries))]
+    groups: list[list[_Unit]] = [[]]  # from the last append back, each group's units last first
+    actions, size = limits.reserved_actions, limits.reserved_bytes
+    for unit in reversed(units):
+        if groups[-1] and not limits.fits(actions + unit.actions, size + unit.size):
+            groups.append([])
+            actions, size = limits.reserved_actions, limits.reserved_bytes
+        groups[-1].append(unit)
+        actions, size = actions + unit.actions, size + unit.size
+    chunks = []
+    for group in reversed(groups):
+        group.reverse()
+        chunks.append(Chunk([e for u in group for e in u.events], [d for u in group for d in u.deliveries]))
+    return chunks
+
+
+def _units(events: Sequence[NewEvent], deliveries: Sequence[Delivery], limits: AppendLimits) -> list[_Unit]:
+    """Each event with the deliveries paired with it (by :func:`step_key`), then each other delivery alone."""
     last_of: dict[str, int] = {}
     for i, ev in enumerate(events):
         if ev.correlation_id is not None:
@@ -106,21 +130,7 @@ def split(events: Sequence[NewEvent], deliveries: Sequence[Delivery], limits: Ap
             a, s = limits.delivery_cost(d)
             actions, size = actions + a, size + s
         units.append(_Unit([ev], dels, actions, size))
-    units += [_Unit([], [d], *limits.delivery_cost(d)) for d in tail]
-    chunks: list[Chunk] = []
-    current = Chunk()
-    actions, size = limits.reserved_actions, limits.reserved_bytes
-    for unit in reversed(units):
-        if (current.events or current.deliveries) and not limits.fits(actions + unit.actions, size + unit.size):
-            chunks.append(current)
-            current = Chunk()
-            actions, size = limits.reserved_actions, limits.reserved_bytes
-        current.events[:0] = unit.events
-        current.deliveries[:0] = unit.deliveries
-        actions, size = actions + unit.actions, size + unit.size
-    chunks.append(current)
-    chunks.reverse()
-    return chunks
+    return units + [_Unit([], [d], *limits.delivery_cost(d)) for d in tail]
 
 
 def append_split(
