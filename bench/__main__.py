@@ -244,6 +244,7 @@ def report(results: list[Result], pgbench_tps: float) -> str:
 SCENARIOS = {
     "claims": "bench.claims",
     "chaos": "bench.chaos",
+    "fanout": "bench.fanout",
     "handoff": "bench.handoff",
     "inflight": "bench.inflight",
     "latency": "bench.latency",
