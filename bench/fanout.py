@@ -22,6 +22,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -205,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="aws: an undo log instead of moto's copy of the whole table per transaction action (bench/moto_undo.py)",
     )
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the worker and drop the scratch World on the way out
     widths = [int(w) for w in str(args.steps).split(",") if w.strip()]
     logdir = Path(tempfile.mkdtemp(prefix="cw-bench-fanout-"))
     outcomes: list[Outcome] = []

@@ -40,7 +40,7 @@ from celery_workflow.errors import (
 )
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
-from celery_workflow.runtime import continuation, steps
+from celery_workflow.runtime import batches, continuation, steps
 from celery_workflow.runtime.context import WebhookRequest, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import Outcome, Refused, Replay, Restart, WorldFault
@@ -527,17 +527,23 @@ class _WorkflowEffects:
     def append(
         self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
     ) -> list[Event]:
+        """Write a batch of the replay as the appends the World's limits allow (:mod:`.batches`): one where any size
+        goes; else several, in order, a step's delivery with its creation, the ack and the durable commit with the
+        last. Another writer's events between two of them leave a gap in what is returned: the replay then reads the
+        log again (Restart), keeping what was written."""
         assert self.replay is not None
         expected = self.replay.count if conditional else None
         try:
-            return self.runtime.world.append(
+            return batches.append_split(
+                self.runtime.world,
                 self.run.run_id,
                 events,
+                deliveries,
                 expected_count=expected,
-                deliveries=deliveries,
                 ack=self.receipt if final else None,
-                durable=final or self.runtime.every_write_durable,
-            ).events
+                durable=self.runtime.every_write_durable,
+                last_durable=final or self.runtime.every_write_durable,
+            )
         except (StaleLog, EntityExists, EntityTerminal):
             raise Restart() from None
         except RunTerminal:
