@@ -1,8 +1,12 @@
 """DynamoDB calls with the AWS World's error mapping (not part of the public API).
 
-* A transaction cancelled for contention (``TransactionConflict``: another writer on one of its items) or throttling
-  wrote nothing and is sent again after a jittered pause, a few times (:data:`CONTENTION_TRIES`).
-* Throttling, service errors and unreachable endpoints (after botocore's own retries) are
+* A transaction (``TransactWriteItems``, ``TransactGetItems``) cancelled for contention (``TransactionConflict``:
+  another writer on one of its items) or throttling, and a single-item request refused because a transaction holds
+  its item (``TransactionConflictException``, ``ReplicatedWriteConflictException``), wrote nothing and is sent again
+  after a jittered pause, a few times (:data:`CONTENTION_TRIES`).
+* Throttling (``ThrottlingException``, ``ProvisionedThroughputExceededException``, and the cancellation reasons'
+  spellings ``ThrottlingError`` and ``ProvisionedThroughputExceeded`` wherever they appear), contention that outlasted
+  those tries, service errors and unreachable endpoints (after botocore's own retries) are
   :class:`~celery_workflow.errors.WorldUnavailable`: nothing was written that the caller does not know about, and the
   HTTP edge answers 503.
 * An item over DynamoDB's size limit is :class:`~celery_workflow.errors.EventTooLarge` (an ``EventInvalid``: the
@@ -48,6 +52,9 @@ UNAVAILABLE = frozenset(
 #: Cancellation reasons of a transaction that mean the same (DynamoDB names them without "Exception"), and
 #: ``TransactionConflict``: another transaction touched one of its items at the same time.
 UNAVAILABLE_REASONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict"})
+#: Error codes of a single-item request refused for contention: a transaction holds the item (or a replica's write
+#: conflicts with it). Nothing was written: retried like a cancelled transaction.
+CONTENDED = frozenset({"TransactionConflictException", "ReplicatedWriteConflictException"})
 
 
 #: How often a transaction cancelled for contention is sent in all, and the first pause's upper bound (seconds).
@@ -56,8 +63,12 @@ CONTENTION_PAUSE = 0.01
 
 
 def _contended(exc: ClientError) -> bool:
-    """Whether DynamoDB cancelled a transaction for contention or throttling (nothing written; worth a retry)."""
-    if exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+    """Whether DynamoDB refused a request for contention or cancelled a transaction for contention or throttling
+    (nothing written; worth a retry)."""
+    code = exc.response.get("Error", {}).get("Code")
+    if code in CONTENDED:
+        return True
+    if code != "TransactionCanceledException":
         return False
     reasons = [r.get("Code") or "None" for r in exc.response.get("CancellationReasons", [])]
     return any(r in UNAVAILABLE_REASONS for r in reasons)
@@ -93,7 +104,7 @@ class Table:
 
     def call(self, what: str, fn: Callable[..., T], **kwargs: Any) -> T:
         """``fn(**kwargs)`` with the World's error mapping. A transaction cancelled for contention (another writer on
-        one of its items, throttling: it wrote nothing) is tried again after a jittered, doubling pause, up to
+        one of its items, throttling: it wrote nothing), or a single-item request refused for contention, is tried again after a jittered, doubling pause, up to
         :data:`CONTENTION_TRIES` times, before it is WorldUnavailable."""
         pause = CONTENTION_PAUSE
         for attempt in range(1, CONTENTION_TRIES + 1):
@@ -128,7 +139,7 @@ class Table:
             return WorldError(f"DynamoDB {what}: transaction cancelled ({', '.join(reasons)}): {message}")
         if code == "ConditionalCheckFailedException":
             return ConditionFailed(f"DynamoDB {what}: the condition did not hold")
-        if code in UNAVAILABLE:
+        if code in UNAVAILABLE or code in UNAVAILABLE_REASONS or code in CONTENDED:
             return WorldUnavailable(f"DynamoDB {what}: {code}: {message}")
         if code == "ValidationException":
             # a request DynamoDB refuses as malformed is refused again if retried: bad data, not an outage

@@ -99,3 +99,88 @@ def test_every_run_completes_under_injected_conflicts_and_throttles(aws: Aws, wf
         assert run.status is RunStatus.COMPLETED, (run.id, run.view().error)
         assert run.result(timeout=0) == {"total": total, "fan": [total + k for k in range(5)]}
         assert EventType.RUN_FAILED not in [e.event_type for e in run.events()]
+
+
+class Scripted:
+    """Answers the calls of one DynamoDB operation with the scripted errors, one per call, then lets them through."""
+
+    def __init__(self, operation: str, errors: list[tuple[str, list[str] | None]]) -> None:
+        self.operation = operation
+        self.errors = list(errors)
+        self.calls = 0
+
+    def __call__(self, model: Any, params: Any, **_: Any) -> tuple[AWSResponse, dict[str, Any]] | None:
+        if model.name != self.operation:
+            return None
+        self.calls += 1
+        if not self.errors:
+            return None
+        code, reasons = self.errors.pop(0)
+        parsed: dict[str, Any] = {
+            "Error": {"Code": code, "Message": f"injected {code}"},
+            "ResponseMetadata": {"HTTPStatusCode": 400},
+        }
+        if reasons is not None:
+            parsed["CancellationReasons"] = [{"Code": r} for r in reasons]
+        return AWSResponse("https://dynamodb.invalid/", 400, {}, None), parsed
+
+
+def _scripted(aws: Aws, operation: str, errors: list[tuple[str, list[str] | None]]) -> Scripted:
+    scripted = Scripted(operation, errors)
+    aws.dynamodb.meta.events.register("before-call.dynamodb", scripted)
+    return scripted
+
+
+def test_a_transact_get_cancelled_for_contention_is_retried(aws: Aws) -> None:
+    """TransactGetItems (an append's snapshot) cancelled with TransactionConflict or a throttling reason is read again;
+    one that keeps being throttled is WorldUnavailable (issue #27, item 2)."""
+    from celery_workflow._aws.dynamo import CONTENTION_TRIES
+    from celery_workflow.errors import WorldUnavailable
+    from celery_workflow.testing._conformance import create
+
+    world = aws.world()
+    run = create(world, run_id="wrun_contended_read", started=True)
+    key = {"pk": f"RUN#{run.run_id}", "sk": "META"}
+    cancelled = "TransactionCanceledException"
+    reasons = [["TransactionConflict", "None"], ["None", "ThrottlingError"], ["ProvisionedThroughputExceeded", "None"]]
+    scripted = _scripted(aws, "TransactGetItems", [(cancelled, r) for r in reasons])
+    (item,) = world.table.get_snapshot(key, [{"pk": f"RUN#{run.run_id}", "sk": "STEP#none"}])
+    assert item["pk"]["S"] == key["pk"] and scripted.calls == 4
+    scripted.errors = [(cancelled, ["ThrottlingError", "None"])] * CONTENTION_TRIES
+    with pytest.raises(WorldUnavailable, match="ThrottlingError"):
+        world.table.get_snapshot(key, [{"pk": f"RUN#{run.run_id}", "sk": "STEP#none"}])
+    assert scripted.calls == 4 + CONTENTION_TRIES
+
+
+@pytest.mark.parametrize(
+    "code", ["ThrottlingError", "ProvisionedThroughputExceeded", "ProvisionedThroughputExceededException"]
+)
+def test_throttling_codes_are_unavailability(aws: Aws, code: str) -> None:
+    """Throttling is unavailability (503, retried later) in whichever spelling DynamoDB answers it, never a bare
+    WorldError (issue #27, item 2)."""
+    from celery_workflow.errors import WorldUnavailable
+
+    world = aws.world()
+    _scripted(aws, "GetItem", [(code, None)] * 10)
+    with pytest.raises(WorldUnavailable, match=code):
+        world.table.get({"pk": "RUN#x", "sk": "META"})
+
+
+def test_a_single_write_refused_for_a_running_transaction_is_retried(aws: Aws) -> None:
+    """A single-item request on an item a transaction holds is refused with TransactionConflictException (nothing
+    written): it is sent again after a jittered pause, like a cancelled transaction, and a claim goes through
+    (issue #27, item 2)."""
+    from celery_workflow.world import Delivery
+
+    world = aws.world()
+    world.enqueue([Delivery("celery", b"contended", run_id="wrun_contended_write")])
+    scripted = _scripted(
+        aws, "UpdateItem", [("TransactionConflictException", None), ("ReplicatedWriteConflictException", None)]
+    )
+    deadline = time.monotonic() + 10
+    claimed = world.claim(["celery"], lease=30)
+    while not claimed:
+        assert time.monotonic() < deadline, "the delivery was never claimed"
+        claimed = world.claim(["celery"], lease=30)
+    assert [c.payload for c in claimed] == [b"contended"] and scripted.calls == 3
+    world.ack(claimed[0].receipt)
