@@ -16,8 +16,9 @@
 redelivers only the messages that failed (the mapping must enable ``ReportBatchItemFailures``, or Lambda deletes the
 whole batch). For each message: the World accepts it (a message whose body is not ours or whose record is gone is
 acknowledged, one that arrives early is sent again with the remaining delay, an expiry runs the run's retention);
-the delivery runs with its visibility extended every 30 s; a failure is reported and its message comes back after a
-backoff that doubles from 1 s with each receive up to 15 minutes. Once the batch is halfway to the invocation's
+the delivery runs with its visibility extended every 30 s; a failure (of the delivery, or of the acknowledgement
+after it: the message alone, never the batch) is reported and its message comes back after a backoff that doubles
+from 1 s with each receive up to 15 minutes. Once the batch is halfway to the invocation's
 deadline, no further message is started: the rest are reported with their visibility reset, so another invocation
 takes them at once, and deliveries already running queue their next steps instead of running them inline. A
 handed-off message counts as a receive toward the dead-letter queue's ``maxReceiveCount``. A message received for
@@ -147,7 +148,12 @@ def _run_one(
         _quietly(world.retry_later, claimed.receipt, retry_delay(claimed.attempts))
         return False
     log.debug("delivery %s: %s", message.get("messageId"), outcome)
-    world.ack(claimed.receipt)
+    try:
+        world.ack(claimed.receipt)
+    except Exception:  # the delivery ran; its message comes back and its run finds the work done
+        log.warning("cannot acknowledge delivery %s: reported as failed", message.get("messageId"), exc_info=True)
+        _quietly(world.retry_later, claimed.receipt, retry_delay(claimed.attempts))
+        return False
     return True
 
 

@@ -141,6 +141,43 @@ def test_failures_are_reported_per_message_and_backed_off(aws: Aws, wf: Workflow
     assert again[0]["attributes"]["ApproximateReceiveCount"] == "2"
 
 
+def test_a_failed_ack_is_reported_for_its_message_alone(
+    aws: Aws, wf: Workflows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception from the acknowledgement after a delivery ran fails that message alone (batchItemFailures), not
+    the whole batch; the message comes back and its run completes (issue #27, item 5)."""
+    from celery_workflow.errors import WorldUnavailable
+
+    handler = queue_handler(wf)
+    unlucky = wf.start("two_slow_steps", 0.0)
+    lucky = wf.start("two_slow_steps", 0.0)
+    event = sqs_event(aws)
+    assert len(event["Records"]) == 2
+    by_run = {json.loads(r["body"])["run"]: r["messageId"] for r in event["Records"]}
+    original = wf.world.ack
+
+    def ack(receipt: str) -> None:
+        if unlucky.id in {c.run_id for c in acked if c.receipt == receipt}:
+            raise WorldUnavailable("DynamoDB went away before the ack")
+        original(receipt)
+
+    acked: list[Any] = []
+    accept = wf.world.accept_message  # type: ignore[attr-defined]
+
+    def spy(message: Any) -> Any:
+        claimed = accept(message)
+        if claimed is not None:
+            acked.append(claimed)
+        return claimed
+
+    monkeypatch.setattr(wf.world, "accept_message", spy)
+    monkeypatch.setattr(wf.world, "ack", ack)
+    assert handler(event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": by_run[unlucky.id]}]}
+    monkeypatch.setattr(wf.world, "ack", original)
+    drive(aws, handler, lambda: unlucky.status.terminal and lucky.status.terminal)
+    assert unlucky.result() == lucky.result() == [0.0, 0.0]
+
+
 def test_past_half_the_deadline_the_rest_is_handed_back(aws: Aws, wf: Workflows) -> None:
     handler = queue_handler(wf)
     first = wf.start("two_slow_steps", 1.2)
