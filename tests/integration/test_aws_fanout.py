@@ -13,10 +13,10 @@ from celery import Celery
 
 from celery_workflow import Workflows
 from celery_workflow._aws.append import MAX_TRANSACTION_BYTES, transaction_size
-from celery_workflow.errors import HookNotFound
+from celery_workflow.errors import EventInvalid, EventTooLarge, HookNotFound
 from celery_workflow.events import EventType, RunStatus
 from celery_workflow.runtime.context import gather
-from celery_workflow.testing._conformance import create, ev, hook_created, unique
+from celery_workflow.testing._conformance import create, ev, hook_created, step_created, unique
 from celery_workflow.testing.driver import LocalWorker
 from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
@@ -73,3 +73,39 @@ def test_transaction_size_counts_items_keys_and_values() -> None:
     delete = {"Delete": {"TableName": "t", "Key": {"pk": {"S": "kk"}}}}
     assert transaction_size([put, update, delete]) == (2 + 10 + 1 + 100) + (2 + 1 + 50) + (2 + 2)
     assert MAX_TRANSACTION_BYTES == 4_000_000
+
+
+def test_an_append_over_4_mb_is_event_invalid_and_writes_nothing(world: AWSWorld) -> None:
+    """14 steps created with 150 KB inputs each: 29 actions, well within 100, but every input is stored twice (the
+    event and the step's view), over DynamoDB's 4 MB per transaction: EventInvalid before anything is sent, like the
+    100-action limit, never a raw WorldError from DynamoDB (issue #27, item 7)."""
+    run = create(world, started=True)
+    before = world.get_run(run.run_id).event_count
+    big = "x" * 150_000
+    batch = [step_created(f"step:big:{k}", "big", [big]) for k in range(1, 15)]
+    with pytest.raises(EventInvalid, match="4000000") as raised:
+        world.append(run.run_id, batch)
+    assert not isinstance(raised.value, EventTooLarge)  # no item is over 400 KB: the transaction is
+    assert world.get_run(run.run_id).event_count == before and world.list_steps(run.run_id) == []
+    world.append(run.run_id, batch[:6])  # what fits goes through
+    assert len(world.list_steps(run.run_id)) == 6
+
+
+def test_a_gather_over_4_mb_is_split_by_the_runtime(world: AWSWorld) -> None:
+    """What the runtime writes for one delivery is split within the World's 4 MB as well as its 100 actions: a gather
+    of 14 steps with 150 KB arguments each completes (issue #27, item 7)."""
+    wf = Workflows(Celery("awsfan4mb"), world=world, configure_broker=False)
+
+    @wf.step
+    def size(text: str) -> int:
+        return len(text)
+
+    @wf.workflow
+    def fan(n: int) -> int:
+        return sum(gather(*[size.start(chr(97 + i) * 150_000) for i in range(n)]))
+
+    run = fan.start(14)
+    view = LocalWorker(wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=120)
+    assert view.status is RunStatus.COMPLETED, view.error
+    assert run.result(timeout=0) == 14 * 150_000
+    wf.close()
