@@ -21,7 +21,8 @@ message whose record is gone) or when the run is started again: nothing waits fo
 
 Receiving (``accept``): a message whose body is not ours, or whose record is gone, is acknowledged; one that arrives
 before its record is due is sent again with the remaining delay; an ``expire`` record runs the run's retention
-expiry. Otherwise the record's claim counter is bumped and the delivery is handed out with a receipt
+expiry, or, when the run may not expire yet, stays (due when it may: :meth:`SQSQueue.defer`) and its message is
+sent again. Otherwise the record's claim counter is bumped and the delivery is handed out with a receipt
 ``sqs|<queue>|<id>|<claim>|<receipt handle>``: ack, release, retry and extend act only while that claim is the
 record's current one, so a stale receipt changes nothing even though SQS would honour an old receipt handle.
 """
@@ -33,7 +34,7 @@ import logging
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -362,9 +363,12 @@ class SQSQueue:
             return None
         record = Record.from_item(item)
         if record.kind == "expire":
-            if self.world.expire_run(record):
+            deferred = self.world.expire_run(record)
+            if deferred is None:
                 self.table.delete({"pk": queue_pk(record.id), "sk": META})
-                self.delete_message(queue, handle)
+            else:
+                self.defer(record, deferred)
+            self.delete_message(queue, handle)
             return None
         now = ids.utcnow()
         if record.due - now > EARLY_TOLERANCE:  # arrived early (a long delay in steps of 15 minutes)
@@ -375,6 +379,22 @@ class SQSQueue:
             self.republish(record.run_id)
         receipt = Receipt(queue, record.id, record.claim, handle)
         return ClaimedDelivery(str(receipt), queue, record.payload, receive_count, record.run_id)
+
+    def defer(self, record: Record, due: datetime) -> None:
+        """Keep a claimed record for later: make it due at ``due`` and send its message again (an expiry that came
+        before its run may expire). The record stays, so the message sent now finds it; a record claimed again
+        since (a duplicate message) is left to that claim."""
+        try:
+            self.table.update(
+                "UpdateItem (defer)",
+                Key={"pk": {"S": queue_pk(record.id)}, "sk": {"S": META}},
+                UpdateExpression="SET due = :due",
+                ConditionExpression="claim = :claim",
+                ExpressionAttributeValues={":due": {"N": str(ids.to_micros(due))}, ":claim": {"N": str(record.claim)}},
+            )
+        except ConditionFailed:
+            return
+        self.send(replace(record, due=due))
 
     def ack(self, receipt: str) -> None:
         """Delete the record (unless someone claimed it since) and the message."""

@@ -30,7 +30,7 @@ import os
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
@@ -356,24 +356,26 @@ class AWSWorld(TemplateWorld, StoreStreams):
             f"expire-{plan.run.run_id}", self.config.default_queue, b"", plan.run.run_id, ended + keep, "expire"
         )
 
-    def expire_run(self, record: Record) -> bool:
-        """Delete an expired run: its hooks and their tokens, then every item of its partition, the view last. True
-        when the record is done (the run is gone, or it is not a finished run); False to try again later."""
+    def expire_run(self, record: Record) -> datetime | None:
+        """Delete an expired run: its hooks and their tokens, then every item of its partition, the view last. None
+        when the record is done (the run is gone now, or is not a finished run, or is kept for good); else the time
+        the run may expire, not reached yet (its retention was lengthened since the record was written): the caller
+        keeps the record, due then (:meth:`SQSQueue.defer`). An error leaves the message to SQS, which delivers it
+        again."""
         run_id = record.run_id
         if run_id is None:
-            return True
+            return None
         meta = self.table.get({"pk": run_pk(run_id), "sk": META})
         if meta is None:
-            return True
+            return None
         run = run_of(meta)
         if not run.status.terminal:
-            return True  # pending and running runs never expire
+            return None  # pending and running runs never expire
         keep = self.config.retention_of(run.workflow_name)
         if keep is None:
-            return True  # retention was switched off meanwhile: the run is kept
+            return None  # retention was switched off meanwhile: the run is kept
         if run.completed_at is not None and run.completed_at + keep > ids.utcnow() + timedelta(seconds=1):
-            self.queue.send(Record(record.id, record.queue, b"", run_id, run.completed_at + keep, "expire"))
-            return True
+            return run.completed_at + keep
         hooks = from_item(meta).get("hooks") or {}
         keys: list[dict[str, Any]] = [{"pk": {"S": hook_pk(run_id, h)}, "sk": {"S": META}} for h in hooks]
         keys += [{"pk": {"S": token_pk(t)}, "sk": {"S": META}} for t in hooks.values()]
@@ -384,7 +386,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         ]
         self.table.delete_many(keys)
         self.table.delete({"pk": run_pk(run_id), "sk": META})
-        return True
+        return None
 
     # -- wiring --------------------------------------------------------------------------------------------------
 
