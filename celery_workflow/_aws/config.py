@@ -7,7 +7,11 @@ Everything is checked when the config is built, before any AWS call, and a mista
 * a FIFO queue without a Scheduler (FIFO queues take no per-message delay: every delayed FIFO delivery goes through
   the Scheduler into the run's message group);
 * a FIFO queue, or any queue when a Scheduler is set, without its ARN (the ARN is the Scheduler's target);
-* a retention over 15 minutes without a Scheduler (the expiry is a delivery due that far ahead).
+* a retention over 15 minutes without a Scheduler (the expiry is a delivery due that far ahead);
+* an empty (or blank) table name, queue URL or ARN, queue or workflow name, Scheduler ARN or group, or an empty
+  ``base_url`` / ``control_url`` (None means none);
+* a FIFO default queue (``queue_url``: it carries every unrouted workflow without a message group), and a queue in
+  ``queues`` under the default queue's name.
 
 :meth:`AWSConfig.from_env` reads the Terraform module's ``environment`` output: ``WORKFLOW_TABLE``,
 ``WORKFLOW_QUEUE_URL``, ``WORKFLOW_QUEUES`` (JSON ``{"<name>": {"url": …, "arn": …, "fifo": false}}``),
@@ -122,15 +126,41 @@ class AWSConfig:
     default_queue: str = DEFAULT_QUEUE
 
     def __post_init__(self) -> None:
-        if not self.table_name:
+        if not _text(self.table_name):
             raise ConfigurationError("table_name: the AWS World needs a DynamoDB table")
-        if not self.queue_url:
+        if not _text(self.queue_url):
             raise ConfigurationError("queue_url: the AWS World needs the URL of its default SQS queue")
+        if self.queue_url.rstrip("/").endswith(".fifo"):
+            raise ConfigurationError(
+                "queue_url: the default queue must be a standard SQS queue (it carries every unrouted workflow's"
+                " deliveries without a message group); put a FIFO queue in queues and route workflows to it"
+            )
+        for where, optional in (("base_url", self.base_url), ("control_url", self.control_url)):
+            if optional is not None and not _text(optional):
+                raise ConfigurationError(f"{where}: empty; leave it None when there is none")
+        if not _text(self.default_queue):
+            raise ConfigurationError("default_queue: the default queue needs a name (Celery's is 'celery')")
         if not self.poll_interval > 0:
             raise ConfigurationError("poll_interval must be positive")
+        if self.scheduler is not None:
+            if not isinstance(self.scheduler, SchedulerConfig):
+                raise ConfigurationError(f"scheduler must be a SchedulerConfig, got {type(self.scheduler).__name__}")
+            for part in ("target_arn", "role_arn", "group"):
+                if not _text(getattr(self.scheduler, part)):
+                    raise ConfigurationError(f"scheduler.{part}: empty (the Scheduler needs it)")
+            if self.scheduler.client is None:
+                raise ConfigurationError("scheduler.client: a boto3 scheduler client is needed")
         for name, queue in self.queues.items():
+            if not _text(name):
+                raise ConfigurationError("queues: a queue needs a name (the key routes use)")
+            if name == self.default_queue:
+                raise ConfigurationError(f"queues[{name!r}]: that is the default queue's name (queue_url)")
             if not isinstance(queue, QueueConfig):
                 raise ConfigurationError(f"queues[{name!r}] must be a QueueConfig, got {type(queue).__name__}")
+            if not _text(queue.url):
+                raise ConfigurationError(f"queues[{name!r}].url: empty")
+            if queue.arn is not None and not _text(queue.arn):
+                raise ConfigurationError(f"queues[{name!r}].arn: empty; leave it None when there is none")
             if queue.fifo and self.scheduler is None:
                 raise ConfigurationError(
                     f"queues[{name!r}]: a FIFO queue needs a scheduler (FIFO queues take no per-message delay)"
@@ -141,6 +171,8 @@ class AWSConfig:
             if queue.fifo and not queue.url.endswith(".fifo"):
                 raise ConfigurationError(f"queues[{name!r}].url: a FIFO queue's name ends in .fifo")
         for workflow, queue_name in self.routes.items():
+            if not _text(workflow):
+                raise ConfigurationError("routes: a route needs a workflow name")
             if queue_name not in self.queues and queue_name != self.default_queue:
                 raise ConfigurationError(
                     f"routes[{workflow!r}]: queue {queue_name!r} is not in queues (known: {sorted(self.queues)})"
@@ -226,3 +258,8 @@ class AWSConfig:
         }
         settings.update(overrides)
         return cls(**settings)
+
+
+def _text(value: object) -> bool:
+    """``value`` is a string with something in it besides spaces."""
+    return isinstance(value, str) and bool(value.strip())

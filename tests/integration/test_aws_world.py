@@ -27,7 +27,7 @@ from celery_workflow.events import EventType, RunStatus
 from celery_workflow.testing._conformance import create, ev, eventually, hook_created, step_created
 from celery_workflow.testing.conformance import WorldConformance
 from celery_workflow.world import Delivery, NewRun, World, open_world
-from celery_workflow.world_sqs import AWSConfig, AWSWorld, QueueConfig, create_table
+from celery_workflow.world_sqs import AWSConfig, AWSWorld, QueueConfig, SchedulerConfig, create_table
 from tests.integration.aws_fixtures import REGION, ROLE_ARN, TABLE, Aws, aws_fixture, moto_fixture  # noqa: F401
 
 
@@ -83,6 +83,20 @@ def test_the_constructor_makes_no_aws_call(aws: Aws) -> None:
         ({"retention": timedelta(hours=1), "scheduler": None}, "retention"),
         ({"retentions": {"audit": timedelta(days=1)}, "scheduler": None}, "retentions['audit']"),
         ({"table_name": ""}, "table_name"),
+        ({"table_name": "  "}, "table_name"),
+        ({"queue_url": ""}, "queue_url"),
+        ({"queue_url": "https://sqs.us-east-1.amazonaws.com/1/tasks.fifo"}, "queue_url"),
+        ({"base_url": ""}, "base_url"),
+        ({"control_url": " "}, "control_url"),
+        ({"default_queue": ""}, "default_queue"),
+        ({"queues": {"": QueueConfig("https://q/x", "arn:x")}}, "queues"),
+        ({"queues": {"celery": QueueConfig("https://q/x", "arn:x")}}, "queues['celery']"),
+        ({"queues": {"backfill": QueueConfig("", "arn:x")}}, "queues['backfill'].url"),
+        ({"queues": {"backfill": QueueConfig("https://q/b", "")}}, "queues['backfill'].arn"),
+        ({"queues": {"backfill": QueueConfig("https://q/b", "arn:b")}, "routes": {"": "backfill"}}, "routes"),
+        ({"scheduler": SchedulerConfig(object(), "", ROLE_ARN)}, "scheduler.target_arn"),
+        ({"scheduler": SchedulerConfig(object(), "arn:q", "")}, "scheduler.role_arn"),
+        ({"scheduler": SchedulerConfig(object(), "arn:q", ROLE_ARN, "")}, "scheduler.group"),
     ],
 )  # fmt: skip
 def test_configuration_errors_name_the_field(aws: Aws, settings: dict[str, Any], field: str) -> None:
