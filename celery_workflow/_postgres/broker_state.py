@@ -13,6 +13,7 @@ from typing import Any
 from celery_workflow._backend.broker import Binding, queue_declaration
 from celery_workflow._postgres import queue_sql as stmt
 from celery_workflow._postgres.queue_base import Conn, QueueBase, seconds, total
+from celery_workflow._postgres.script import query
 
 #: Class id of the advisory lock taken by :meth:`PostgresQueue.gc` (the object id is a hash of the schema).
 GC_LOCK = 0x63776763  # "cwgc"
@@ -74,7 +75,13 @@ class BrokerState(QueueBase):
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
-        return self.db.run(lambda conn: self._drop_queues(conn, [name]), what="queue: delete queue", transaction=False)
+        # one statement as a script: one round trip, READ COMMITTED on any session (see script.ISOLATION)
+        row = self.db.run(
+            lambda conn: query(conn, stmt.DROP_QUEUES, {"names": [name]}).one(),
+            what="queue: delete queue",
+            transaction=False,
+        )
+        return int(row[0]) if row else 0
 
     @staticmethod
     def _drop_queues(conn: Conn, names: Sequence[str]) -> int:

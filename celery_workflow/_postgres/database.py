@@ -8,7 +8,9 @@
   (:class:`~celery_workflow.errors.WorldUnavailable` when the server could not be reached or did not answer). Pooled
   connections are in autocommit mode, so a single statement costs one round trip (``run(..., transaction=False)``)
   and :class:`Script` sends a whole transaction (``BEGIN`` … ``COMMIT``, prepared statements) as one or two round
-  trips.
+  trips. Every transaction is READ COMMITTED whatever the session's default (``default_transaction_isolation``
+  set for a role or database): the pools opened here set it per session, and on a caller's pool each transaction
+  says it (see :data:`celery_workflow._postgres.script.ISOLATION`).
 * ``unavailable_timeout`` bounds a whole :meth:`PgDatabase.run` call, retries included, when the server is
   unreachable or stops answering (see :class:`PgDatabase`): libpq's ``connect_timeout``, the wait for a pooled
   connection, the retry loop, and a watchdog (:class:`Watchdog`) that breaks the socket of a call still running at
@@ -43,7 +45,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from celery_workflow._backend.migrations import check_version, migrations
 from celery_workflow._postgres.listener import Listener
-from celery_workflow._postgres.script import no_auto_prepare
+from celery_workflow._postgres.script import no_auto_prepare, pin_isolation
 from celery_workflow.errors import ConfigurationError, EventInvalid, WorldError, WorldUnavailable
 
 log = logging.getLogger("celery_workflow.postgres")
@@ -208,7 +210,7 @@ class PgDatabase:
                     self._watched(conn, deadline if watch else None),
                 ):
                     if transaction:
-                        with conn.transaction():
+                        with _read_committed(conn), conn.transaction():
                             return fn(conn)
                     return _autocommit(conn, fn)
             except (psycopg.DataError, pg_errors.ProgramLimitExceeded) as exc:
@@ -305,17 +307,35 @@ class PgDatabase:
 #: connection (see celery_workflow._postgres.script), and look rows up by key; a generic plan serves them all, where
 #: the default would plan most of them anew on every execution (their custom plans look cheaper), which costs more
 #: than running them.
+#: They also default to READ COMMITTED, whatever the role or database says (see script.ISOLATION), so that their
+#: transactions need not say it.
 _SESSION = "SET plan_cache_mode = force_generic_plan"
 
 
 def _session(conn: psycopg.Connection[Any]) -> None:
     no_auto_prepare(conn)
-    conn.execute(_SESSION)
+    conn.execute(f"{_SESSION}; {pin_isolation(conn)}")
 
 
 def _lazy_session(conn: psycopg.Connection[Any]) -> None:
     no_auto_prepare(conn)
-    conn.execute(f"{_SESSION}; SET synchronous_commit = off")
+    conn.execute(f"{_SESSION}; {pin_isolation(conn)}; SET synchronous_commit = off")
+
+
+@contextmanager
+def _read_committed(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """psycopg's transactions on ``conn`` begin READ COMMITTED meanwhile (``BEGIN ISOLATION LEVEL …``, no extra
+    round trip); a caller's connection gets its own setting back."""
+    before = conn.isolation_level
+    if before == psycopg.IsolationLevel.READ_COMMITTED:
+        yield
+        return
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    try:
+        yield
+    finally:
+        if not conn.closed:
+            conn.isolation_level = before
 
 
 def _autocommit(conn: psycopg.Connection[Any], fn: Callable[[psycopg.Connection[Any]], T]) -> T:

@@ -19,8 +19,8 @@ from contextlib import suppress
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Any
 
+from psycopg import IsolationLevel, pq
 from psycopg import errors as pg_errors
-from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.generators import fetch_many, pipeline_communicate, send
 
@@ -29,9 +29,27 @@ from celery_workflow.errors import EventInvalid
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["MAX_PARAMETERS", "Result", "Script", "commit_setting", "forget_prepared", "no_auto_prepare", "query"]
+__all__ = [
+    "ISOLATION",
+    "MAX_PARAMETERS",
+    "Result",
+    "Script",
+    "commit_setting",
+    "forget_prepared",
+    "no_auto_prepare",
+    "pin_isolation",
+    "query",
+]
 
 _ATTRIBUTE = "_celery_workflow_prepared"
+#: Set on a connection whose session defaults to :data:`ISOLATION` (the sessions of the pools PgDatabase opens).
+_PINNED = "_celery_workflow_pinned"
+#: The isolation every transaction of the World and the transport relies on: each statement sees what was committed
+#: before it (a read after a lock sees the state under that lock; an insert that meets a row committed meanwhile
+#: conflicts with it). A session may default to another (``default_transaction_isolation``, set by a DBA for a role
+#: or a database): every transaction here says its own (issue #27, item 9).
+ISOLATION = "READ COMMITTED"
+_BEGIN = f"BEGIN ISOLATION LEVEL {ISOLATION}"
 _PLACEHOLDER = re.compile(r"%(?:%|s|\((\w+)\)s)")
 #: The largest script (bytes of parameters) sent in one go before its answers are read: well within the socket
 #: buffers, so the server's answers can wait in them until the script is sent whole.
@@ -51,6 +69,10 @@ class Script:
     may span two sends, when its writes depend on what it read (read under lock, decide in Python, then write and
     commit). Each statement still gets its own snapshot (READ COMMITTED), so reads after a lock see the state under
     that lock. An error aborts the rest of the script (and the transaction it is in) and is raised by :meth:`send`.
+
+    The isolation is :data:`ISOLATION` whatever the session's default: :meth:`begin` says it, and on a connection
+    whose session is not pinned to it (a caller's pool, see :func:`pin_isolation`) a script sent outside a
+    transaction is sent as ``BEGIN ISOLATION LEVEL READ COMMITTED`` … ``COMMIT`` (the same round trip).
 
     Placeholders are psycopg's: ``%s`` with a sequence of parameters, ``%(name)s`` with a mapping; ``%%`` is a
     percent sign in a statement that has parameters.
@@ -73,8 +95,12 @@ class Script:
 
     def begin(self, mode: str = "", *, synchronous_commit: bool | None = None) -> None:
         """Queue ``BEGIN [mode]`` and, if given, this transaction's ``synchronous_commit`` (False: commit without
-        waiting for the disk; True: on disk at commit, whatever the session says)."""
-        self.add(f"BEGIN {mode}".rstrip())
+        waiting for the disk; True: on disk at commit, whatever the session says). A ``mode`` that names no
+        isolation level gets :data:`ISOLATION`."""
+        if "ISOLATION" in mode.upper():
+            self.add(f"BEGIN {mode}")
+        else:
+            self.add(f"{_BEGIN}, {mode}" if mode else _BEGIN)
         if synchronous_commit is not None:
             self.add(f"SET LOCAL synchronous_commit = {'on' if synchronous_commit else 'off'}")
 
@@ -86,7 +112,21 @@ class Script:
         if not self._queued:
             return []
         queued, self._queued = self._queued, []
-        return _Prepared.of(self._conn).run(self._conn, queued)
+        conn = self._conn
+        if (
+            not getattr(conn, _PINNED, False)
+            and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+            and queued[0][0].lstrip()[:5].upper() != "BEGIN"
+        ):
+            # one implicit transaction on a session that may default to another isolation: say it (see the class)
+            try:
+                return _Prepared.of(conn).run(conn, [(_BEGIN, None), *queued, ("COMMIT", None)])[1:-1]
+            except BaseException:
+                if not conn.closed and conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                    with suppress(pg_errors.Error):  # as an implicit transaction would: nothing of it stays
+                        conn.rollback()
+                raise
+        return _Prepared.of(conn).run(conn, queued)
 
 
 class Result:
@@ -115,6 +155,15 @@ def commit_setting(durable: bool) -> tuple[str, tuple[str]]:
     script's implicit transaction (where ``SET LOCAL`` would warn that it is outside a transaction block, though it
     works)."""
     return "SELECT set_config('synchronous_commit', %s, true)", ("on" if durable else "off",)
+
+
+def pin_isolation(conn: psycopg.Connection[Any]) -> str:
+    """Record that ``conn``'s session defaults to :data:`ISOLATION` and make psycopg's own transactions
+    (``conn.transaction()``) say it; return the statement that sets the session's default, for the caller to run
+    (the session settings of a pool PgDatabase opens)."""
+    conn.isolation_level = IsolationLevel.READ_COMMITTED
+    setattr(conn, _PINNED, True)
+    return f"SET default_transaction_isolation = '{ISOLATION.lower()}'"
 
 
 def no_auto_prepare(conn: psycopg.Connection[Any]) -> None:
