@@ -25,8 +25,10 @@ deadlocks, serialization failures and lost connections):
   order, the token rows the batch may claim or release (the owners' rows of claimed tokens; every token of the run
   when the batch holds a run-ending event, else those of the hooks it disposes). Every append takes its locks in
   the same order (run row, advisory locks, token rows) and takes none afterwards, so hook claims across runs never
-  deadlock. (A forced claim over a live owner, which would lock the owner's run too, is not modelled by
-  :mod:`celery_workflow.events` yet.)
+  deadlock. A forced claim (``create_hook(token, force=True)``) takes no second run's lock either: it is two
+  single-run appends, a ``hook_disposed`` (with ``taken_by``) in the owner's log and then the taker's claim of the
+  freed token (see "Forced hook claims" in ``docs/design-notes.md``), so the seed's run locks in run-id order are
+  never needed.
 * Lost answers: each ``create_run``/``append`` call writes its events with a ``write_id`` of its own. When the
   connection is lost after the server committed (a retry of
   :meth:`~celery_workflow._postgres.database.PgDatabase.run`), the retry finds its events and returns them instead of applying the batch twice (an append that wrote no event, a
