@@ -41,7 +41,7 @@ from celery_workflow._aws.items import (
     view_item,
     view_of,
 )
-from celery_workflow._aws.queue import Receipt, Record
+from celery_workflow._aws.queue import Receipt, Record, scheduled
 from celery_workflow._aws.table import (
     MAX_ACTIONS,
     MAX_ITEM_BYTES,
@@ -121,6 +121,7 @@ class _Tx:
     ack: Receipt | None = None  # the acked claim, when its record is still this claim's
     delete_message: Receipt | None = None  # the acked message, when its record is gone already
     stale_outbox: bool = False
+    schedules: set[str] = field(default_factory=set)  # the run's records delivered through the Scheduler (META)
 
 
 def update_action(table: str, key: dict[str, str], values: dict[str, Any], condition: str) -> dict[str, Any]:
@@ -196,6 +197,7 @@ class AWSAppend:
         created = set(stored.get("created_hooks") or {})
         snapshot.created_hooks = created & set(keys.hooks)
         outbox = stored.get("outbox") or {}
+        tx.schedules = set(stored.get("schedules") or ())
         tx.stale_outbox = any(int(t) < ids.to_micros(ids.utcnow()) - OUTBOX_GRACE_MICROS for t in outbox.values())
         for s in keys.steps:
             if (item := found.get((pk, step_sk(s)))) is not None:
@@ -263,6 +265,8 @@ class AWSAppend:
             if not self._committed(request, plan):
                 raise StaleSnapshot() from None
         self._clean_up(cleanup[room:])
+        if plan.run_ended and tx.schedules:  # no timer of a finished run fires later
+            world.schedules.cancel(request.run_id, sorted(tx.schedules - {tx.ack.id if tx.ack else ""}))
         published = [*records, *([expiry] if expiry else [])]
         if published:
             world.queue.publish(request.run_id, published)
@@ -448,9 +452,11 @@ class AWSAppend:
             condition = f"{name('event_count')} = {value({'N': str(plan.events[0].slot - 1)})}"
         for record in records:
             sets.append(f"{name('outbox')}.{name(record.id)} = {value({'N': str(ids.to_micros(ids.utcnow()))})}")
-        if not sets and not removes:
+        adds, deletes = self._schedules(tx, plan, records, sets=sets, removes=removes, name=name, value=value)
+        if not sets and not removes and not adds and not deletes:
             sets.append(f"{name('run_id')} = {value({'S': run.run_id})}")
         expression = ("SET " + ", ".join(sets) if sets else "") + (" REMOVE " + ", ".join(removes) if removes else "")
+        expression += (" ADD " + ", ".join(adds) if adds else "") + (" DELETE " + ", ".join(deletes) if deletes else "")
         update: dict[str, Any] = {
             "TableName": table,
             "Key": {"pk": {"S": run_pk(run.run_id)}, "sk": {"S": META}},
@@ -460,6 +466,42 @@ class AWSAppend:
             "ExpressionAttributeValues": values,
         }
         return {"Update": update}
+
+    def _schedules(
+        self,
+        tx: _Tx,
+        plan: rules.Plan,
+        records: list[Record],
+        *,
+        sets: list[str],
+        removes: list[str],
+        name: Callable[[str], str],
+        value: Callable[[dict[str, Any]], str],
+    ) -> tuple[list[str], list[str]]:
+        """Keep the run's ``schedules`` (the ids of its records sent through the Scheduler) in the META update:
+        the new ones added, the acked one taken out, all of them gone at the run's end (whose commit deletes their
+        schedules and records: :meth:`write`). Adds to ``sets`` / ``removes``; returns the ADD and DELETE clauses.
+
+        ADD and DELETE leave what other writers did meanwhile; an append that adds some and takes one out (a timer's
+        delivery that sleeps again) cannot do both to one attribute, so it sets the whole set as ``load`` read it,
+        conditioned on the event count (without events, it only adds: the acked id stays, and costs a lookup at the
+        run's end)."""
+        now = ids.utcnow()
+        new = {r.id for r in records if r.kind == "delivery" and scheduled(r, self.world.queue_config(r.queue), now)}
+        acked = {tx.ack.id} & tx.schedules if tx.ack is not None else set()
+        if plan.run_ended:
+            if tx.schedules:
+                removes.append(name("schedules"))
+            return [], []
+        if new and acked and plan.events:
+            kept = (tx.schedules - acked) | new
+            sets.append(f"{name('schedules')} = {value({'SS': sorted(kept)})}")
+            return [], []
+        if new:
+            return [f"{name('schedules')} {value({'SS': sorted(new)})}"], []
+        if acked:
+            return [], [f"{name('schedules')} {value({'SS': sorted(acked)})}"]
+        return [], []
 
 
 def transaction_size(actions: list[dict[str, Any]]) -> int:

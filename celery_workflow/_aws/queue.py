@@ -7,9 +7,10 @@ run and due time, written in the same transaction as the append that made it, an
 record:
 
 * due within 15 minutes: ``SendMessage`` (``DelaySeconds`` when due later than now), on a standard queue;
-* due later, or delayed at all on a FIFO queue: a one-time schedule ``celery-workflow-<id>`` in the Scheduler group
-  that sends the same body to the queue at the due time and is deleted after it runs; without a Scheduler such a
-  delivery is a :class:`~celery_workflow.errors.ConfigurationError`;
+* due later, or delayed at all on a FIFO queue (:func:`scheduled`): a one-time schedule ``celery-workflow-<id>`` in
+  the Scheduler group that sends the same body to the queue at the due time and is deleted after it runs (a re-send
+  gets a name of its own, and a run's end deletes its pending schedules: :mod:`celery_workflow._aws.schedules`);
+  without a Scheduler such a delivery is a :class:`~celery_workflow.errors.ConfigurationError`;
 * FIFO queues: ``MessageGroupId`` = the run id (one delivery of a run at a time), ``MessageDeduplicationId`` = the
   delivery id; bodies carry a unique ``publish`` field so the content-based deduplication the Scheduler relies on
   never drops a second publication of the same delivery.
@@ -44,6 +45,7 @@ from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
 from celery_workflow._aws.dynamo import ConditionFailed, Table
 from celery_workflow._aws.items import from_item, to_item
+from celery_workflow._aws.schedules import schedule_name
 from celery_workflow._aws.table import META, queue_pk, run_pk
 from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
@@ -52,20 +54,15 @@ from celery_workflow.world import ClaimedDelivery, Delivery
 if TYPE_CHECKING:
     from celery_workflow._aws.world import AWSWorld
 
-__all__ = ["Receipt", "Record", "SQSQueue", "body_of", "schedule_name"]
+__all__ = ["Receipt", "Record", "SQSQueue", "body_of", "schedule_name", "scheduled"]
 
 log = logging.getLogger("celery_workflow.aws")
 
 #: Marks a message body as ours (its value is the body format's version).
 BODY_KEY = "celery_workflow"
-SCHEDULE_PREFIX = "celery-workflow-"
 #: A message that arrives at most this early is delivered anyway (SQS delays are whole seconds).
 EARLY_TOLERANCE = timedelta(seconds=1)
 MAX_VISIBILITY = 12 * 3600
-
-
-def schedule_name(delivery_id: str) -> str:
-    return f"{SCHEDULE_PREFIX}{delivery_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,19 +206,6 @@ class SQSQueue:
         except BotoCoreError as exc:
             raise WorldUnavailable(f"SQS {what}: {exc}") from exc
 
-    def _scheduler(self, what: str, fn: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code == "ConflictException":
-                return None  # already scheduled (a second publication of the same delivery)
-            if code in ("ThrottlingException", "ServiceQuotaExceededException", "InternalServerException"):
-                raise WorldUnavailable(f"Scheduler {what}: {code}") from exc
-            raise WorldError(f"Scheduler {what}: {code}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise WorldUnavailable(f"Scheduler {what}: {exc}") from exc
-
     # -- publishing --------------------------------------------------------------------------------------------------
 
     def check(self, deliveries: Iterable[Delivery]) -> None:
@@ -248,34 +232,13 @@ class SQSQueue:
     def send(self, record: Record, *, now: datetime | None = None) -> None:
         """Put one record's message on its queue now or later (see the module docstring)."""
         queue = self.world.queue_config(record.queue)
-        delay = record.due - (now or ids.utcnow())
+        moment = now or ids.utcnow()
         group = record.run_id or record.id
-        if delay > MAX_SQS_DELAY or (queue.fifo and delay >= EARLY_TOLERANCE):
-            self.schedule(record, queue, group)
+        if scheduled(record, queue, moment):
+            self.world.schedules.create(record, queue, group)
             return
-        self.send_body(record.queue, record.body(), delay=delay.total_seconds(), group=group, dedup=record.id)
-
-    def schedule(self, record: Record, queue: QueueConfig, group: str) -> None:
-        scheduler = self.config.scheduler
-        if scheduler is None:
-            raise ConfigurationError(
-                f"delivery {record.id} is due at {ids.isoformat(record.due)}: more than 15 minutes ahead (or delayed"
-                " on a FIFO queue) needs the Scheduler; configure AWSConfig(scheduler=…)"
-            )
-        target: dict[str, Any] = {"Arn": queue.arn, "RoleArn": scheduler.role_arn, "Input": record.body()}
-        if queue.fifo:
-            target["SqsParameters"] = {"MessageGroupId": group}
-        self._scheduler(
-            "CreateSchedule",
-            scheduler.client.create_schedule,
-            Name=schedule_name(record.id),
-            GroupName=scheduler.group,
-            ScheduleExpression=f"at({record.due:%Y-%m-%dT%H:%M:%S})",
-            ScheduleExpressionTimezone="UTC",
-            FlexibleTimeWindow={"Mode": "OFF"},
-            Target=target,
-            ActionAfterCompletion="DELETE",
-        )
+        delay = (record.due - moment).total_seconds()
+        self.send_body(record.queue, record.body(), delay=delay, group=group, dedup=record.id)
 
     def republish(self, run_id: str) -> int:
         """Publish again the records still in the run's outbox (their writer died before sending them); how many."""
@@ -530,6 +493,13 @@ class SQSQueue:
             QueueUrl=self.world.queue_config(queue).url,
             ReceiptHandle=handle,
         )
+
+
+def scheduled(record: Record, queue: QueueConfig, now: datetime) -> bool:
+    """Whether ``record``'s message goes through the Scheduler when sent at ``now``: due more than 15 minutes later,
+    or later at all on a FIFO queue (FIFO queues take no per-message delay)."""
+    delay = record.due - now
+    return delay > MAX_SQS_DELAY or (queue.fifo and delay >= EARLY_TOLERANCE)
 
 
 def _purge_in_progress(exc: ClientError) -> bool:

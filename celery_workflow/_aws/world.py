@@ -42,6 +42,7 @@ from celery_workflow._aws.dead_letters import SQSDeadLetters
 from celery_workflow._aws.dynamo import Cancelled, Table
 from celery_workflow._aws.items import event_item, from_item, item_size, run_item, run_of, to_item, view_of
 from celery_workflow._aws.queue import Record, SQSQueue
+from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
 from celery_workflow._aws.table import MAX_ITEM_BYTES, META, hook_pk, run_pk, step_sk, token_pk
 from celery_workflow._backend import template
@@ -101,6 +102,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
         self.base_url = config.base_url  # Workflows builds webhook URLs from it unless given its own
         self.table = Table(dynamodb_client, config.table_name)
         self.queue = SQSQueue(self, sqs_client)
+        #: The EventBridge Scheduler schedules of long delays (their names, a finished run's cleanup).
+        self.schedules = Schedules(self)
         #: Each queue's SQS dead-letter queue (celery_workflow.dead_letters.DeadLetterStore).
         self.dead_letters = SQSDeadLetters(self)
         self.streams = AWSStreams(self)
