@@ -23,6 +23,16 @@ nothing of the batch is written then. Rules (reference/vercel-workflow.md §3.1,
   ``hook_disposed`` need a live hook;
 * a run's end deletes its hooks (releasing their tokens) and its waits; ``started_at`` is set once (P7);
 * a repeated ``run_started`` on a running run is a no-op.
+
+Token retention (DESIGN §3: "Run end deletes its hooks (tokens kept until token retention ends)"): a ``hook_created``
+may carry ``token_retention_until`` (:data:`TOKEN_RETENTION`, an ISO 8601 time with its offset, else
+:class:`EventInvalid`). While its run lives the hook is like any other. The run's end deletes it all the same, but
+when the retention ends after the run's end its token stays *retained* by the ended run until then
+(:attr:`Plan.tokens_retained`; a hook disposed before, or in the batch that ends the run, releases its token at
+once): a claim of it is written as ``hook_conflict`` naming the ended run, and once the retention has ended the claim
+takes the token (:attr:`Plan.tokens_reclaimed`: the World replaces the old holding). A finished run does not expire
+while it retains a token (:func:`expires_at`). A World keeps the retention ends of live hooks and of retained tokens
+(its reads fill :attr:`Snapshot.retentions` and :attr:`Snapshot.retained`); the rules decide what they mean.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from celery_workflow import codec
@@ -68,15 +78,69 @@ from celery_workflow.events import (
 )
 from celery_workflow.ids import isoformat, parse_iso
 
+#: The ``hook_created`` data field asking for the hook's token to stay reserved after its run ends, until then.
+TOKEN_RETENTION = "token_retention_until"
+
+
+def token_retention_until(data: Mapping[str, Any]) -> datetime | None:
+    """The end of the token retention a ``hook_created``'s data asks for (None: none); EventInvalid unless it is an
+    ISO 8601 time with its offset."""
+    until = data.get(TOKEN_RETENTION)
+    if until is None:
+        return None
+    try:
+        if not isinstance(until, str):
+            raise ValueError(f"got {type(until).__name__}")
+        return parse_iso(until)
+    except ValueError as exc:
+        raise EventInvalid(f"hook_created.{TOKEN_RETENTION} must be an ISO 8601 time with its offset: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedToken:
+    """A token's retention: ``token``, claimed by hook ``hook_id`` of run ``run_id``, stays reserved after that run
+    ends until ``until``. Describes a live hook that asked for it (:attr:`Snapshot.retentions`) or a token an ended
+    run holds (:attr:`Snapshot.retained`, :attr:`Plan.tokens_retained`)."""
+
+    run_id: str
+    hook_id: str
+    token: str
+    until: datetime
+
+    def holds(self, now: datetime) -> bool:
+        """Whether the retention still reserves the token at ``now``."""
+        return self.until > now
+
+
+def retained_error(held: RetainedToken) -> HookNotFound:
+    """What resuming a token an ended run retains raises: no live hook owns it (webhooks answer the same 404)."""
+    return HookNotFound(
+        f"token {held.token!r} belonged to a hook of run {held.run_id}, which has ended; the token stays reserved"
+        f" until {isoformat(held.until)}"
+    )
+
+
+def expires_at(run: RunView, keep: timedelta | None, retained: Iterable[datetime] = ()) -> datetime | None:
+    """When a run may be deleted by a retention of ``keep`` (None: runs are kept for good): ``keep`` after its end,
+    and not before the end of any token retention it still holds (``retained``: their ends). None for a run that has
+    not ended: pending and running runs never expire."""
+    if keep is None or not run.status.terminal:
+        return None
+    ended = run.completed_at or run.updated_at
+    return max([ended + keep, *retained])
+
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """The rows a batch's rules need: correlation ids of steps, hooks and waits, and hook tokens to check."""
+    """The rows a batch's rules need: correlation ids of steps, hooks and waits, and hook tokens to check.
+    ``ending``: the batch may end the run, so the World reads the retentions of all the run's live hooks too
+    (:attr:`Snapshot.retentions`)."""
 
     steps: frozenset[str]
     hooks: frozenset[str]
     waits: frozenset[str]
     tokens: frozenset[str]
+    ending: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +151,11 @@ class Snapshot:
     each token of :attr:`Keys.tokens` that a live hook (of any run) owns to that hook; ``created_hooks`` holds those
     of :attr:`Keys.hooks` that already have a ``hook_created`` or ``hook_conflict`` event (live or not), so a hook id
     is created once per run even after its hook was disposed.
+
+    Token retention: ``retained`` maps each token of :attr:`Keys.tokens` that an ended run still holds (its hook is
+    gone) to that holding, whether its retention has ended or not (the rules compare it with the batch's time);
+    ``retentions`` maps, by hook id, the live hooks of this run that asked for a retention, at least all of them when
+    :attr:`Keys.ending` (and those :attr:`Keys.hooks` names).
     """
 
     run: RunView | None
@@ -95,6 +164,8 @@ class Snapshot:
     waits: dict[str, WaitView] = field(default_factory=dict)
     token_owners: dict[str, HookView] = field(default_factory=dict)
     created_hooks: set[str] = field(default_factory=set)
+    retained: dict[str, RetainedToken] = field(default_factory=dict)
+    retentions: dict[str, RetainedToken] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -107,7 +178,10 @@ class Plan:
     waits: dict[str, WaitView] = field(default_factory=dict)  # upserts, by wait id
     hooks_inserted: dict[str, HookView] = field(default_factory=dict)  # by hook id
     hooks_deleted: dict[str, HookView] = field(default_factory=dict)  # by hook id (release their tokens)
-    run_ended: bool = False  # delete all hooks (release tokens) and waits of the run
+    run_ended: bool = False  # delete all hooks (release tokens but tokens_retained) and waits of the run
+    retentions: dict[str, RetainedToken] = field(default_factory=dict)  # hooks_inserted asking for one, by hook id
+    tokens_retained: dict[str, RetainedToken] = field(default_factory=dict)  # kept by the ended run, by token
+    tokens_reclaimed: set[str] = field(default_factory=set)  # claimed once an ended run's retention ended
 
     @property
     def run_changed(self) -> bool:
@@ -118,7 +192,8 @@ def advance(snapshot: Snapshot, plan: Plan) -> Snapshot:
     """The snapshot once ``plan`` is written: what a World that read a run's *whole* state (every step, live hook
     and wait, and every created hook id) may keep to plan the run's next batch without reading it again.
 
-    ``token_owners`` is left empty: it describes other runs, and a batch that claims tokens must read them anew.
+    ``token_owners`` and ``retained`` are left empty: they describe other runs, and a batch that claims tokens must
+    read them anew.
     """
     assert snapshot.run is not None
     hooks = {k: v for k, v in snapshot.hooks.items() if k not in plan.hooks_deleted}
@@ -127,9 +202,13 @@ def advance(snapshot: Snapshot, plan: Plan) -> Snapshot:
     created.update(
         str(e.correlation_id) for e in plan.events if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
     )
+    steps = {**snapshot.steps, **plan.steps}
     if plan.run_ended:
-        return Snapshot(plan.run, {**snapshot.steps, **plan.steps}, {}, {}, {}, created)
-    return Snapshot(plan.run, {**snapshot.steps, **plan.steps}, hooks, {**snapshot.waits, **plan.waits}, {}, created)
+        return Snapshot(plan.run, steps, {}, {}, {}, created)
+    retentions = {k: v for k, v in snapshot.retentions.items() if k not in plan.hooks_deleted}
+    retentions.update(plan.retentions)
+    waits = {**snapshot.waits, **plan.waits}
+    return Snapshot(plan.run, steps, hooks, waits, {}, created, retentions=retentions)
 
 
 def keys_of(new_events: Iterable[NewEvent]) -> Keys:
@@ -149,7 +228,8 @@ def keys_of(new_events: Iterable[NewEvent]) -> Keys:
                 tokens.add(ev.data["token"])
         elif ev.event_type in WAIT_EVENTS:
             waits.add(cid)
-    return Keys(frozenset(steps), frozenset(hooks), frozenset(waits), frozenset(tokens))
+    ending = any(ev.event_type in RUN_END_STATUS for ev in new_events)
+    return Keys(frozenset(steps), frozenset(hooks), frozenset(waits), frozenset(tokens), ending)
 
 
 def validate(ev: NewEvent) -> bytes:
@@ -167,8 +247,10 @@ def validate(ev: NewEvent) -> bytes:
     for key in required:
         if key not in ev.data:
             raise EventInvalid(f"{ev.event_type} needs data field {key!r}")
-    if ev.event_type is EventType.HOOK_CREATED and not (isinstance(ev.data["token"], str) and ev.data["token"]):
-        raise EventInvalid("hook_created needs a non-empty string token")
+    if ev.event_type is EventType.HOOK_CREATED:
+        if not (isinstance(ev.data["token"], str) and ev.data["token"]):
+            raise EventInvalid("hook_created needs a non-empty string token")
+        token_retention_until(ev.data)
     try:
         return codec.dumps(dict(ev.data))
     except PayloadTooLarge as exc:
@@ -246,6 +328,8 @@ class _State:
         self.waits = dict(snapshot.waits)
         self.token_owners = dict(snapshot.token_owners)
         self.created_hooks = set(snapshot.created_hooks)
+        self.retained = dict(snapshot.retained)
+        self.retentions = dict(snapshot.retentions)
         self.plan = Plan(events=[], run=snapshot.run)
 
     @property
@@ -300,7 +384,10 @@ class _State:
         self.plan.run_ended = True
         for hook_id, hook in list(self.hooks.items()):
             self.plan.hooks_deleted[hook_id] = hook
+        self.plan.tokens_retained = {r.token: r for r in self.retentions.values() if r.holds(self.now)}
         self.plan.hooks_inserted.clear()
+        self.plan.retentions.clear()
+        self.retentions.clear()
         self.hooks.clear()
         self.waits.clear()
         self.plan.waits.clear()
@@ -408,9 +495,14 @@ class _State:
             self.created_hooks.add(hid)
             token = str(ev.data["token"])
             owner = self.token_owners.get(token)
-            if owner is not None:
-                self._emit(ev, {"token": token, "conflicting_run_id": owner.run_id}, event_type=EventType.HOOK_CONFLICT)
+            held = self.retained.get(token) if owner is None else None
+            if owner is not None or (held is not None and held.holds(self.now)):
+                holder = owner.run_id if owner is not None else held.run_id if held is not None else ""
+                self._emit(ev, {"token": token, "conflicting_run_id": holder}, event_type=EventType.HOOK_CONFLICT)
                 return
+            if held is not None:  # its ended run's retention is over: the claim replaces that holding
+                del self.retained[token]
+                self.plan.tokens_reclaimed.add(token)
             self._emit(ev)
             view = HookView(
                 run_id=run.run_id,
@@ -424,6 +516,9 @@ class _State:
             self.hooks[hid] = view
             self.token_owners[token] = view
             self.plan.hooks_inserted[hid] = view
+            until = token_retention_until(ev.data)
+            if until is not None:
+                self.retentions[hid] = self.plan.retentions[hid] = RetainedToken(run.run_id, hid, token, until)
             return
         if hook is None:
             raise HookNotFound(f"hook {hid} of run {run.run_id} is not live")
@@ -431,6 +526,8 @@ class _State:
         if kind is EventType.HOOK_DISPOSED:
             del self.hooks[hid]
             self.token_owners.pop(hook.token, None)
+            self.retentions.pop(hid, None)  # a disposed hook releases its token at once
+            self.plan.retentions.pop(hid, None)
             if self.plan.hooks_inserted.pop(hid, None) is None:
                 self.plan.hooks_deleted[hid] = hook
 

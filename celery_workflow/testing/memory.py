@@ -88,6 +88,7 @@ class _Run:
     hooks: dict[str, HookView] = field(default_factory=dict)
     waits: dict[str, WaitView] = field(default_factory=dict)
     streams: dict[str, _Stream] = field(default_factory=dict)
+    retentions: dict[str, rules.RetainedToken] = field(default_factory=dict)  # live hooks asking for one, by id
 
 
 @dataclass(slots=True)
@@ -136,6 +137,7 @@ class MemoryWorld(TemplateWorld):
         self._cond = threading.Condition(threading.Lock())
         self._runs: dict[str, _Run] = {}
         self._tokens: dict[str, tuple[str, str]] = {}  # token -> (run id, hook id) of its live owner
+        self._retained: dict[str, rules.RetainedToken] = {}  # token -> its holding by an ended run (see rules)
         self._queue: dict[int, _Queued] = {}
         self._receipts: dict[str, int] = {}  # current receipt -> delivery seq
         self._keys: dict[tuple[bool, str, str], int] = {}  # key scope -> pending delivery seq (see _key_scope)
@@ -173,17 +175,23 @@ class MemoryWorld(TemplateWorld):
         run.waits.update(plan.waits)
         for hook_id, hook in plan.hooks_deleted.items():
             run.hooks.pop(hook_id, None)
+            run.retentions.pop(hook_id, None)
             if self._tokens.get(hook.token) == (hook.run_id, hook_id):
                 del self._tokens[hook.token]
+        for token in plan.tokens_reclaimed:
+            self._retained.pop(token, None)
         for hook_id, hook in plan.hooks_inserted.items():
             run.hooks[hook_id] = hook
             self._tokens[hook.token] = (hook.run_id, hook_id)
+        run.retentions.update(plan.retentions)
         if plan.run_ended:
             for hook_id, hook in run.hooks.items():
                 if self._tokens.get(hook.token) == (hook.run_id, hook_id):
                     del self._tokens[hook.token]
             run.hooks.clear()
             run.waits.clear()
+            run.retentions.clear()
+            self._retained.update(plan.tokens_retained)
 
     def _get(self, run_id: str) -> _Run:
         run = self._runs.get(run_id)
@@ -234,6 +242,9 @@ class MemoryWorld(TemplateWorld):
         with self._cond:
             owner = self._tokens.get(token)
             if owner is None:
+                held = self._retained.get(token)
+                if held is not None and held.holds(self._now()):
+                    raise rules.retained_error(held)
                 raise HookNotFound(f"no live hook owns token {token!r}")
             return self._runs[owner[0]].hooks[owner[1]]
 
@@ -482,6 +493,9 @@ class _MemoryAppend:
                 owner = self.world._tokens.get(token)
                 if owner is not None:
                     snapshot.token_owners[token] = self.world._runs[owner[0]].hooks[owner[1]]
+                elif token in self.world._retained:
+                    snapshot.retained[token] = self.world._retained[token]
+            snapshot.retentions = dict(run.retentions)
         return Loaded(snapshot)
 
     def write(self, tx: None, request: AppendRequest, plan: rules.Plan) -> None:
