@@ -3,6 +3,11 @@
 The :func:`celery_workflow._backend.template.append` template runs :meth:`SQLiteAppend.load` and
 :meth:`SQLiteAppend.write` inside one ``BEGIN IMMEDIATE`` transaction: the write lock taken at ``BEGIN`` serialises
 the writers of every process, so what ``load`` reads is what ``write`` writes over.
+
+Token retention (:mod:`celery_workflow.rules`): a token row carries the retention end its hook asked for
+(``retain_until``) and references its run, not its hook (``0006_token_rows_outlive_hooks.sql``), so the rows the rules
+retain outlive the run's end; a row whose hook is gone is a token its ended run retains (read into
+``Snapshot.retained``, replaced by the claim that finds its retention over).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from celery_workflow._sqlite.rows import (
     COLUMNS,
     EVENT,
     HOOK_BY_TOKEN,
+    RETAINED_BY_TOKEN,
     RUN,
     chunked,
     insert,
     marks,
+    retained_token,
     update,
 )
 from celery_workflow.events import Event, EventType, RunView
@@ -85,6 +92,16 @@ class SQLiteAppend:
             for row in conn.execute(HOOK_BY_TOKEN.format(f"IN ({marks(len(part))})"), part):
                 hook = CODEC.hook(row)
                 snapshot.token_owners[hook.token] = hook
+            for row in conn.execute(RETAINED_BY_TOKEN.format(f"IN ({marks(len(part))})"), part):
+                held = retained_token(row)
+                snapshot.retained[held.token] = held
+        if keys.ending:  # the retentions of the run's live hooks (whose tokens its end may keep)
+            for hook_id, token, until in conn.execute(
+                "SELECT hook_id, token, retain_until FROM celery_workflow_hook_tokens WHERE run_id = ?"
+                " AND retain_until IS NOT NULL",
+                (run_id,),
+            ):
+                snapshot.retentions[hook_id] = rules.RetainedToken(run_id, hook_id, token, ids.from_micros(until))
         return Loaded(snapshot)
 
     def write(self, conn: sqlite3.Connection, request: AppendRequest, plan: rules.Plan) -> None:
@@ -115,19 +132,34 @@ def write_plan(conn: sqlite3.Connection, plan: rules.Plan) -> None:
                 update(conn, f"celery_workflow_{table}", row, MUTABLE[table], ("run_id", key))
             else:
                 insert(conn, f"celery_workflow_{table}", row)
-    # Deleting a hook releases its token: hook_tokens references hooks ON DELETE CASCADE (foreign_keys is on).
+    # A token row references its run, not its hook (0006): deleting a hook releases its token by deleting its row.
     for hook_id, hook in plan.hooks_deleted.items():
-        conn.execute("DELETE FROM celery_workflow_hooks WHERE run_id = ? AND hook_id = ?", (hook.run_id, hook_id))
+        gone = (hook.run_id, hook_id)
+        conn.execute("DELETE FROM celery_workflow_hook_tokens WHERE run_id = ? AND hook_id = ?", gone)
+        conn.execute("DELETE FROM celery_workflow_hooks WHERE run_id = ? AND hook_id = ?", gone)
+    for part in chunked(plan.tokens_reclaimed):  # held by ended runs whose retention is over
+        conn.execute(f"DELETE FROM celery_workflow_hook_tokens WHERE token IN ({marks(len(part))})", part)
     for hook_id, hook in plan.hooks_inserted.items():
         insert(
             conn,
             "celery_workflow_hooks",
             CODEC.record("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)]),
         )
+        retention = plan.retentions.get(hook_id)
         conn.execute(
-            "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at) VALUES (?, ?, ?, ?)",
-            (hook.token, hook.run_id, hook_id, CODEC.store_time(hook.created_at)),
-        )
+            "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at, retain_until)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (hook.token, hook.run_id, hook_id, CODEC.store_time(hook.created_at),
+             None if retention is None else CODEC.store_time(retention.until)),
+        )  # fmt: skip
     if plan.run_ended:
+        # every token row of the run goes, but those the rules retain (their hooks may be of this very batch)
+        conn.execute("DELETE FROM celery_workflow_hook_tokens WHERE run_id = ?", (run.run_id,))
+        conn.executemany(
+            "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at, retain_until)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [(t.token, t.run_id, t.hook_id, CODEC.store_time(plan.run.updated_at), CODEC.store_time(t.until))
+             for t in plan.tokens_retained.values()],
+        )  # fmt: skip
         conn.execute("DELETE FROM celery_workflow_hooks WHERE run_id = ?", (run.run_id,))
         conn.execute("DELETE FROM celery_workflow_waits WHERE run_id = ?", (run.run_id,))

@@ -15,6 +15,7 @@ from typing import Any
 from celery_workflow import ids
 from celery_workflow._backend.records import RecordCodec, world_tables
 from celery_workflow.errors import WorldError
+from celery_workflow.rules import RetainedToken
 
 __all__ = ["CODEC", "COLUMNS", "TABLES"]
 
@@ -47,7 +48,20 @@ HOOK_BY_TOKEN = (
     f"SELECT {HOOK_H} FROM celery_workflow_hook_tokens AS t JOIN celery_workflow_hooks AS h"
     " ON h.run_id = t.run_id AND h.hook_id = t.hook_id WHERE t.token {}"
 )
+#: Tokens that ended runs retain (their hooks are gone; see :mod:`celery_workflow.rules`): the token row's run,
+#: hook, token and retention end (``{}`` takes the condition on ``t.token``).
+RETAINED_BY_TOKEN = (
+    "SELECT t.run_id, t.hook_id, t.token, t.retain_until FROM celery_workflow_hook_tokens AS t"
+    " WHERE t.token {} AND NOT EXISTS (SELECT 1 FROM celery_workflow_hooks AS h"
+    " WHERE h.run_id = t.run_id AND h.hook_id = t.hook_id)"
+)
 _CHUNK = 500  # keys per IN (...) list
+
+
+def retained_token(row: Sequence[Any]) -> RetainedToken:
+    """A :data:`RETAINED_BY_TOKEN` row; a row without a retention end (left over) is over already."""
+    run_id, hook_id, token, until = row
+    return RetainedToken(run_id, hook_id, token, ids.from_micros(0 if until is None else int(until)))
 
 
 def marks(n: int) -> str:

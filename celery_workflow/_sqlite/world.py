@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
-from celery_workflow import ids
+from celery_workflow import ids, rules
 from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreQueue, TemplateWorld
 from celery_workflow._backend.checks import check_chunks, check_stream_name
@@ -47,10 +47,12 @@ from celery_workflow._sqlite.rows import (
     EVENT,
     HOOK,
     HOOK_BY_TOKEN,
+    RETAINED_BY_TOKEN,
     RUN,
     STEP,
     WAIT,
     insert,
+    retained_token,
     sqlite_errors,
 )
 from celery_workflow.errors import ConfigurationError, EventConflict, HookNotFound, RunNotFound, StepNotFound
@@ -234,6 +236,9 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
     def get_hook_by_token(self, token: str) -> HookView:
         rows = self._read(HOOK_BY_TOKEN.format("= ?"), (token,))
         if not rows:
+            held = [retained_token(row) for row in self._read(RETAINED_BY_TOKEN.format("= ?"), (token,))]
+            if held and held[0].holds(ids.utcnow()):
+                raise rules.retained_error(held[0])
             raise HookNotFound(f"no live hook owns token {token!r}")
         return CODEC.hook(rows[0])
 

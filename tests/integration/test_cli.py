@@ -215,17 +215,18 @@ def test_migrate_shows_progress_and_is_idempotent(url: str, wf: Workflows) -> No
     assert result.exit_code == 0
     assert result.stderr.splitlines() == [
         f"creating a new SQLite World at {fresh.removeprefix('sqlite:///')}",
-        "migrating: 1/5 0001_world.sql",
-        "migrating: 2/5 0002_queue.sql",
-        "migrating: 3/5 0003_dead_letters.sql",
-        "migrating: 4/5 0004_token_retention.sql",
-        "migrating: 5/5 0005_runs_listed_by_creation.sql",
+        "migrating: 1/6 0001_world.sql",
+        "migrating: 2/6 0002_queue.sql",
+        "migrating: 3/6 0003_dead_letters.sql",
+        "migrating: 4/6 0004_token_retention.sql",
+        "migrating: 5/6 0005_runs_listed_by_creation.sql",
+        "migrating: 6/6 0006_token_rows_outlive_hooks.sql",
     ]
-    assert result.stdout.startswith("schema version 0 -> 5: applied 0001_world.sql")
+    assert result.stdout.startswith("schema version 0 -> 6: applied 0001_world.sql")
     assert cli(fresh, "runs", "list").stdout == "no runs\n"  # the migrated World works
-    assert cli(fresh, "migrate").stdout == "schema version 5: up to date\n"
+    assert cli(fresh, "migrate").stdout == "schema version 6: up to date\n"
     result = invoke("migrate", obj=SimpleNamespace(app=wf.celery_app))  # the app's World, migrated when opened
-    assert (result.exit_code, result.stdout) == (0, "schema version 5: up to date\n")
+    assert (result.exit_code, result.stdout) == (0, "schema version 6: up to date\n")
 
 
 def test_dead_letters_json_and_batched_redrive_and_purge(wf: Workflows, url: str) -> None:
