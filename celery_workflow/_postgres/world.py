@@ -298,11 +298,10 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             raise HookNotFound(f"no live hook owns token {token!r}")
         run_id, retained_until, live, *hook = stored
         if not live:
-            if retained_until is not None and retained_until > ids.utcnow():
-                raise HookNotFound(
-                    f"token {token!r} belonged to a hook of run {run_id}, which has ended; the token stays reserved"
-                    f" until {ids.isoformat(retained_until)}"
-                )
+            if retained_until is not None:
+                held = rules.RetainedToken(run_id, "", token, retained_until)
+                if held.holds(ids.utcnow()):
+                    raise rules.retained_error(held)
             raise HookNotFound(f"no live hook owns token {token!r}")
         return CODEC.hook(hook)
 
