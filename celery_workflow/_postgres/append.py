@@ -21,12 +21,13 @@ rolls back (:class:`~celery_workflow._backend.template.StaleSnapshot`) and the t
 fresh reads. Batches that claim hook tokens (their owners are other runs' state) and
 batches that would write no event (nothing would refuse them) always read afresh.
 
-Token retention (DESIGN §3, ``0004_token_retention.sql``): a ``hook_created`` event may carry
-``token_retention_until`` (an aware ISO 8601 time, checked before anything is read). A run's end deletes its hooks
-and the token rows whose retention has ended (or was never asked for), and keeps the others: a token row whose hook is
-gone is *retained* until that time. To a claimant a retained token is owned by its ended run (hook_conflict names
-it); once its retention has ended it is free, and the claim deletes the stale row before writing its own. Disposing
-a hook releases its token at once. The retention end is read from the claiming event (:func:`retained_until_sql`).
+Token retention (the rule is :mod:`celery_workflow.rules`; storage ``0004_token_retention.sql``): a token row keeps
+the retention end its claiming ``hook_created`` asked for (``retain_until``). The reads give the rules the retentions
+of the run's live hooks (every token row of the run is read under lock when the batch may end it; a kept snapshot
+holds them) and, for each claimed token whose row has no live hook, that ended run's holding. A run's end deletes its
+hooks and every token row of the run but those the plan retains (``Plan.tokens_retained``), which stay as the ended
+run's holdings; a claim the rules let replace a holding whose retention is over (``Plan.tokens_reclaimed``) deletes
+that row before writing its own. Disposing a hook releases its token at once.
 """
 
 from __future__ import annotations
@@ -59,8 +60,7 @@ from celery_workflow._postgres.rows import (
     update_sql,
 )
 from celery_workflow._postgres.script import Result, Script, commit_setting
-from celery_workflow.errors import EventInvalid
-from celery_workflow.events import Event, EventType, HookView, NewEvent
+from celery_workflow.events import Event, EventType
 
 if TYPE_CHECKING:
     import psycopg
@@ -68,20 +68,15 @@ if TYPE_CHECKING:
     from celery_workflow._postgres.world import PostgresWorld
 
 __all__ = [
-    "RETENTION_FIELD",
     "LockedReads",
     "PgAppend",
     "SnapshotCache",
     "WholeRun",
-    "check_token_retention",
     "retained_until_sql",
     "write_plan",
 ]
 
 R = TypeVar("R")
-
-#: The ``hook_created`` data field that asks for the hook's token to stay reserved after its run ends, until then.
-RETENTION_FIELD = "token_retention_until"
 
 
 def retained_until_sql(tokens: str) -> str:
@@ -91,21 +86,8 @@ def retained_until_sql(tokens: str) -> str:
     return f"{tokens}.retain_until"
 
 
-def check_token_retention(batch: Sequence[NewEvent]) -> None:
-    """EventInvalid unless every ``token_retention_until`` of the batch's ``hook_created`` events is an ISO 8601
-    time with its offset (what :func:`retained_until_sql` reads back)."""
-    for ev in batch:
-        if ev.event_type is not EventType.HOOK_CREATED or ev.data.get(RETENTION_FIELD) is None:
-            continue
-        until = ev.data[RETENTION_FIELD]
-        try:
-            if not isinstance(until, str):
-                raise ValueError(f"got {type(until).__name__}")
-            ids.parse_iso(until)
-        except ValueError as exc:
-            raise EventInvalid(
-                f"hook_created.{RETENTION_FIELD} must be an ISO 8601 time with its offset: {exc}"
-            ) from None
+#: A token row's retention end when it has none (a leftover): over long ago.
+_NO_RETENTION = datetime.min.replace(tzinfo=UTC)
 
 
 def lock_tokens_sql(run_id: str, tokens: Sequence[str], ending: bool, disposed: Sequence[str]) -> tuple[str, Any]:
@@ -132,7 +114,6 @@ class _Tx:
     attempt: int
     script: Script | None = None
     kept: rules.Snapshot | None = None
-    stale_tokens: frozenset[str] = frozenset()  # claimed tokens whose rows outlived their retention
 
 
 class PgAppend:
@@ -146,7 +127,6 @@ class PgAppend:
         return ids.utcnow()
 
     def transaction(self, body: Callable[[_Tx], R], request: AppendRequest) -> R:
-        check_token_retention(request.batch)  # EventInvalid before any round trip
         attempts = 0
 
         def run(conn: psycopg.Connection[Any]) -> R:
@@ -172,13 +152,12 @@ class PgAppend:
         script.begin(synchronous_commit=None if request.durable else False)
         reads = LockedReads(script, request, retry_of=request.write_id if tx.attempt > 1 else None)
         snapshot, done = reads.snapshot(script.send())
-        tx.stale_tokens = frozenset(reads.stale)
         return Loaded(snapshot, written=done or None)
 
     def write(self, tx: _Tx, request: AppendRequest, plan: rules.Plan) -> None:
         if tx.kept is None:
             assert tx.script is not None
-            self._finish(tx.script, request, plan, tx.stale_tokens)
+            self._finish(tx.script, request, plan)
             tx.script.add("COMMIT")
             tx.script.send()
             return
@@ -209,11 +188,10 @@ class PgAppend:
         script: Script,
         request: AppendRequest,
         plan: rules.Plan,
-        stale_tokens: frozenset[str] = frozenset(),
         known: Known | None = None,
     ) -> None:
         """Queue the plan's writes, the deliveries, the ack and the run-end notification."""
-        write_plan(script, plan, request.write_id, stale_tokens, known)
+        write_plan(script, plan, request.write_id, known)
         queue = self.world.store
         queue.add_inserts(script, request.deliveries)
         if request.ack is not None:
@@ -246,14 +224,13 @@ def write_plan(
     script: Script,
     plan: rules.Plan,
     write_id: str,
-    stale_tokens: frozenset[str] = frozenset(),
     known: Known | None = None,
 ) -> dict[str, Any] | None:
     """Queue the writes of ``plan`` on ``script``: the run's row first (its UPDATE locks it, if nothing did
     before), the events (their primary key refuses a slot someone else took), then the views, hook and token rows
-    and the run-end cleanup (only of what the run has, when ``known`` says). ``stale_tokens``: tokens the batch
-    claims whose rows (locked by :class:`LockedReads`) outlived their retention; they are deleted before the claim.
-    Returns the run's record as written (None: nothing is)."""
+    and the run-end cleanup (only of what the run has, when ``known`` says). The rows of the tokens the plan
+    reclaims (locked by :class:`LockedReads`) are deleted before the claim. Returns the run's record as written
+    (None: nothing is)."""
     if not plan.events:
         return None  # a no-op batch (a repeated run_started or run_cancelled) changes nothing
     run = plan.run
@@ -282,16 +259,28 @@ def write_plan(
                 )
             else:
                 script.add(insert_sql(TABLE[table], list(values)), tuple(values.values()))
-    # Token rows go before their hooks: a run's end keeps those whose retention has not ended (see the module
-    # docstring), a disposal releases at once. LockedReads locked them already.
+    # Token rows go before their hooks: the rows of ended runs' holdings the batch reclaims (the rules found their
+    # retention over), then a run's end keeps those the plan retains, a disposal releases at once. LockedReads
+    # locked them already.
+    if plan.tokens_reclaimed:
+        script.add(
+            "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.token = ANY(%s) AND NOT EXISTS"
+            " (SELECT 1 FROM celery_workflow_hooks AS h WHERE h.run_id = t.run_id AND h.hook_id = t.hook_id)",
+            (sorted(plan.tokens_reclaimed),),
+        )
     if plan.run_ended:
-        if known is None or known.hooks:
-            dropped = sorted({str(e.correlation_id) for e in plan.events if e.event_type is EventType.HOOK_DISPOSED})
+        retained = sorted(plan.tokens_retained)
+        if known is None or known.hooks or retained:
             script.add(
-                "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.run_id = %s"
-                f" AND (t.hook_id = ANY(%s) OR NOT coalesce({retained_until_sql('t')} > %s, false))",
-                (run.run_id, dropped, run.completed_at),
+                "DELETE FROM celery_workflow_hook_tokens WHERE run_id = %s AND NOT token = ANY(%s)",
+                (run.run_id, retained),
             )
+            for kept in plan.tokens_retained.values():  # a hook of this very batch has no row yet
+                script.add(
+                    "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at, retain_until)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (token) DO NOTHING",
+                    (kept.token, kept.run_id, kept.hook_id, run.updated_at, kept.until),
+                )
             script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s", (run.run_id,))
         if known is None or known.waits:
             script.add("DELETE FROM celery_workflow_waits WHERE run_id = %s", (run.run_id,))
@@ -299,26 +288,14 @@ def write_plan(
         disposed = (run.run_id, sorted(plan.hooks_deleted))
         script.add("DELETE FROM celery_workflow_hook_tokens WHERE run_id = %s AND hook_id = ANY(%s)", disposed)
         script.add("DELETE FROM celery_workflow_hooks WHERE run_id = %s AND hook_id = ANY(%s)", disposed)
-    stale = sorted(stale_tokens & {hook.token for hook in plan.hooks_inserted.values()})
-    if stale:
-        script.add(
-            "DELETE FROM celery_workflow_hook_tokens AS t WHERE t.token = ANY(%s) AND NOT EXISTS"
-            " (SELECT 1 FROM celery_workflow_hooks AS h WHERE h.run_id = t.run_id AND h.hook_id = t.hook_id)",
-            (stale,),
-        )
-    retain = {
-        str(e.correlation_id): e.data.get(RETENTION_FIELD)
-        for e in plan.events
-        if e.event_type is EventType.HOOK_CREATED and e.data.get(RETENTION_FIELD) is not None
-    }
     for hook_id, hook in plan.hooks_inserted.items():
         values = CODEC.record("hooks", hook, created_slot=created[(EventType.HOOK_CREATED, hook_id)])
         script.add(insert_sql("celery_workflow_hooks", list(values)), tuple(values.values()))
-        until = retain.get(hook_id)
+        retention = plan.retentions.get(hook_id)
         script.add(
             "INSERT INTO celery_workflow_hook_tokens (token, run_id, hook_id, created_at, retain_until)"
             " VALUES (%s, %s, %s, %s, %s)",
-            (hook.token, hook.run_id, hook_id, hook.created_at, None if until is None else ids.parse_iso(str(until))),
+            (hook.token, hook.run_id, hook_id, hook.created_at, None if retention is None else retention.until),
         )
     return run_record
 
@@ -337,7 +314,6 @@ class LockedReads:
     def __init__(self, script: Script, request: AppendRequest, *, retry_of: str | None) -> None:
         run_id, keys = request.run_id, request.keys
         self.keys = keys
-        self.stale: set[str] = set()  # claimed tokens whose rows outlived their retention (free to claim)
         self.run = script.add(f"SELECT {RUN} FROM celery_workflow_runs WHERE run_id = %s FOR NO KEY UPDATE", (run_id,))
         self.written = (
             script.add(
@@ -381,17 +357,17 @@ class LockedReads:
         if self.created is not None:
             snapshot.created_hooks.update(hook_id for (hook_id,) in results[self.created].rows)
         if self.tokens is not None:
-            now = ids.utcnow()
-            for run_id, hook_id, token, created_at, live, retained_until, *stored in results[self.tokens].rows:
+            own = snapshot.run.run_id
+            for run_id, hook_id, token, _created, live, retained_until, *stored in results[self.tokens].rows:
+                until = _NO_RETENTION if retained_until is None else retained_until.astimezone(UTC)
+                if live and run_id == own and retained_until is not None:  # what the run's end may retain
+                    snapshot.retentions[hook_id] = rules.RetainedToken(run_id, hook_id, token, until)
                 if token not in self.keys.tokens:
                     continue
                 if live:
                     snapshot.token_owners[token] = CODEC.hook(stored)
-                elif retained_until is not None and retained_until > now:
-                    # retained after its run ended: owned by that run until its retention ends
-                    snapshot.token_owners[token] = HookView(run_id, hook_id, token, created_at.astimezone(UTC))
-                else:
-                    self.stale.add(token)
+                else:  # an ended run's holding: the rules compare its end with the batch's time
+                    snapshot.retained[token] = rules.RetainedToken(run_id, hook_id, token, until)
         return snapshot, done
 
 
@@ -443,6 +419,11 @@ class WholeRun:
             table: script.add(f"SELECT {', '.join(COLUMNS[name])} FROM {name} WHERE run_id = %s", (run_id,))
             for table, name in TABLE.items()
         }
+        self.retentions = script.add(
+            "SELECT hook_id, token, retain_until FROM celery_workflow_hook_tokens WHERE run_id = %s"
+            " AND retain_until IS NOT NULL",
+            (run_id,),
+        )
         script.add("COMMIT")
 
     def read(self, results: list[Result]) -> tuple[rules.Snapshot | None, list[Event]]:
@@ -456,4 +437,8 @@ class WholeRun:
         snapshot.created_hooks.update(
             str(e.correlation_id) for e in log if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
         )
+        stored_run_id = snapshot.run.run_id if snapshot.run is not None else ""
+        for hook_id, token, until in results[self.retentions].rows:
+            if hook_id in snapshot.hooks:  # a live hook's (an ended run's holdings are no longer its state)
+                snapshot.retentions[hook_id] = rules.RetainedToken(stored_run_id, hook_id, token, until.astimezone(UTC))
         return snapshot, log

@@ -1,8 +1,9 @@
 """Token retention on the Postgres World (DESIGN §3; seed postgres-world.txt, "Retention"): a run's end deletes its
 hooks but keeps the tokens whose retention has not ended, and the retention sweep keeps such a run until it ends.
 
-The rules every World that keeps tokens must follow are :class:`TokenRetentionConformance`; the sweep, the message a
-resume gets and concurrent claimants are the Postgres World's own.
+The rules every World follows are :class:`~celery_workflow.testing.conformance_rules.TokenRetentionConformance`
+(part of the conformance suite); the sweep, the message a resume gets and concurrent claimants are the Postgres
+World's own.
 """
 
 from __future__ import annotations
@@ -18,15 +19,8 @@ from celery_workflow import ids
 from celery_workflow.errors import HookNotFound
 from celery_workflow.events import EventType
 from celery_workflow.testing._conformance import create, ev, eventually, hook_created, iso_in, unique
-from celery_workflow.testing.conformance_rules import TokenRetentionConformance
 from celery_workflow.world_pg import PostgresWorld
 from tests.integration.pg_fixtures import pg_schema_fixture, pg_url_fixture, pg_world_fixture  # noqa: F401
-
-
-class TestPostgresTokenRetention(TokenRetentionConformance):
-    @pytest.fixture
-    def world(self, pg_world: PostgresWorld) -> PostgresWorld:
-        return pg_world
 
 
 @pytest.fixture
