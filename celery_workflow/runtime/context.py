@@ -145,16 +145,42 @@ def workflow_metadata() -> WorkflowMetadata:
 
 
 def create_hook(
-    token: str | None = None, metadata: Any = None, *, payload_type: Any = None, force: bool = False
+    token: str | None = None,
+    metadata: Any = None,
+    *,
+    payload_type: Any = None,
+    force: bool = False,
+    token_retention: timedelta | datetime | None = None,
 ) -> Hook[Any]:
     """A hook the outside resumes with ``wf.resume_hook(token, payload)``. ``wait()`` suspends until a payload.
 
     A token is owned by one live hook at a time: when another run's hook owns ``token``, ``wait()`` raises
     :class:`~celery_workflow.errors.HookConflict`. ``force=True`` takes the token over instead: the owner's hook is
     disposed in its own run (its ``wait()`` then raises HookConflict naming this run) and this hook claims the token
-    (a token an ended run retains cannot be taken)."""
+    (a token an ended run retains cannot be taken).
+
+    ``token_retention``: keep the token reserved after this run ends, until the retention ends: a timedelta counted
+    from the hook's creation, or an aware datetime. Meanwhile another run's hook with this token gets HookConflict
+    (naming this run), a resume finds no hook, and the World keeps the run (its expiry waits for the retention). A
+    hook disposed before the run ends releases its token at once, as does a retention over by then."""
     return _require_replay("create_hook").create_hook(
-        token=token, metadata=metadata, payload_type=payload_type, force=force
+        token=token,
+        metadata=metadata,
+        payload_type=payload_type,
+        force=force,
+        token_retention=check_token_retention(token_retention, "create_hook"),
+    )
+
+
+def check_token_retention(retention: Any, what: str) -> timedelta | datetime | None:
+    """``token_retention`` of :func:`create_hook` / :func:`create_webhook` if it is one (ConfigurationError if not):
+    None, a timedelta of at least zero, or an aware datetime."""
+    if retention is None or (isinstance(retention, timedelta) and retention >= timedelta(0)):
+        return retention
+    if isinstance(retention, datetime) and retention.utcoffset() is not None:
+        return retention
+    raise ConfigurationError(
+        f"{what}(): token_retention must be a timedelta of at least zero or an aware datetime, got {retention!r}"
     )
 
 
@@ -164,6 +190,7 @@ def create_webhook(
     respond_with: Mapping[str, Any] | str | None = None,
     many: bool = False,
     keep_credentials: bool = False,
+    token_retention: timedelta | datetime | None = None,
 ) -> Webhook:
     """A hook resumed by an HTTP request to ``webhook.url``; ``wait()`` returns the :class:`WebhookRequest`.
 
@@ -182,12 +209,19 @@ def create_webhook(
 
     ``keep_credentials``: the ``Authorization``, ``Cookie`` and ``Proxy-Authorization`` request headers are dropped
     before the request is recorded (the event log is not a secret store) unless this is True.
+
+    ``token_retention``: keep the token reserved after the run ends, as :func:`create_hook` does (requests to the
+    URL meanwhile get 404).
     """
     spec = check_response(respond_with)
     if not isinstance(many, bool) or not isinstance(keep_credentials, bool):
         raise ConfigurationError("create_webhook(): many and keep_credentials must be booleans")
     return _require_replay("create_webhook").create_webhook(
-        token=token, respond_with=spec, many=many, keep_credentials=keep_credentials
+        token=token,
+        respond_with=spec,
+        many=many,
+        keep_credentials=keep_credentials,
+        token_retention=check_token_retention(token_retention, "create_webhook"),
     )
 
 

@@ -31,6 +31,7 @@ from celery_workflow import codec
 from celery_workflow.errors import EventInvalid, HookConflict, PayloadError, StepFailed, WorldError
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
+from celery_workflow.rules import TOKEN_RETENTION
 from celery_workflow.runtime import context, steps
 from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata, webhook_options
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
@@ -517,8 +518,18 @@ class Replay:
 
     # -- hooks -----------------------------------------------------------------------------------------------------
 
-    def create_hook(self, *, token: str | None, metadata: Any, payload_type: Any, force: bool = False) -> Hook[Any]:
-        cid, tok, _ = self._hook(token, metadata, is_webhook=False, respond_with=None, force=force)
+    def create_hook(
+        self,
+        *,
+        token: str | None,
+        metadata: Any,
+        payload_type: Any,
+        force: bool = False,
+        token_retention: timedelta | datetime | None = None,
+    ) -> Hook[Any]:
+        cid, tok, _ = self._hook(
+            token, metadata, is_webhook=False, respond_with=None, force=force, retention=token_retention
+        )
         return Hook(self, cid, tok, payload_type)
 
     def create_webhook(
@@ -528,9 +539,12 @@ class Replay:
         respond_with: Mapping[str, Any] | str | None,
         many: bool = False,
         keep_credentials: bool = False,
+        token_retention: timedelta | datetime | None = None,
     ) -> Webhook:
         options = {"many": many, "keep_credentials": keep_credentials}
-        cid, tok, data = self._hook(token, None, is_webhook=True, respond_with=respond_with, options=options)
+        cid, tok, data = self._hook(
+            token, None, is_webhook=True, respond_with=respond_with, options=options, retention=token_retention
+        )
         # A webhook recorded before ``many`` existed has no flag: it behaves as many (see webhook_options).
         return Webhook(self, cid, tok, self.base_url, many=webhook_options(data)[0])
 
@@ -543,6 +557,7 @@ class Replay:
         respond_with: Any,
         options: Mapping[str, Any] | None = None,
         force: bool = False,
+        retention: timedelta | datetime | None = None,
     ) -> tuple[str, str, Mapping[str, Any]]:
         if token is not None and not (isinstance(token, str) and token):
             # raised where the workflow asks, so its cause is plain (the World would refuse the creation later)
@@ -558,6 +573,9 @@ class Replay:
             data.update(options or {})
             if force:
                 data["force"] = True
+            if retention is not None:  # an end in time, fixed when the hook is first created (see rules)
+                until = self.effects.wall_now() + retention if isinstance(retention, timedelta) else retention
+                data[TOKEN_RETENTION] = isoformat(until)
             return data
 
         if ev is None:
