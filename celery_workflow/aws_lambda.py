@@ -1,4 +1,5 @@
-"""AWS Lambda entry points of the AWS World (seed ``aws-world.txt``: ``Queue``, ``HTTP``, ``CreateTable``).
+"""AWS Lambda entry points of the AWS World (seed ``aws-world.txt``: ``Queue``, ``HTTP``, ``HTTPPrefix``, ``RPC``,
+``Webhook``, ``CreateTable``).
 
 .. code-block:: python
 
@@ -11,6 +12,11 @@
     # api.py: a Function URL or API Gateway route (RPC and webhooks under /v1/workflow)
     from celery_workflow.aws_lambda import http_handler
     handler = http_handler(wf)
+
+    # or apart: the RPC behind IAM auth, the webhooks alone on a public Function URL
+    from celery_workflow.aws_lambda import rpc_handler, webhook_handler
+    rpc = rpc_handler(wf)                    # POST /v1/workflow/rpc only
+    webhooks = webhook_handler(wf)           # /v1/workflow/webhooks/<token> only
 
 :func:`queue_handler` runs the deliveries of an SQS batch and answers ``{"batchItemFailures": [...]}``, so SQS
 redelivers only the messages that failed (the mapping must enable ``ReportBatchItemFailures``, or Lambda deletes the
@@ -27,8 +33,10 @@ its next receive) and its run failed with :class:`~celery_workflow.errors.DeadLe
 
 :func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
 (API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
-``AWS_IAM`` auth or an API Gateway authorizer, and expose :func:`celery_workflow.api.webhook_blueprint` alone where
-the internet must reach it. It never raises: an event it cannot read as a request (not an object, an unknown payload
+``AWS_IAM`` auth or an API Gateway authorizer. :func:`rpc_handler` serves the RPC endpoint alone and
+:func:`webhook_handler` the webhook endpoint alone (any other path is 404), for a public Function URL the internet
+reaches: webhooks are authorised by their tokens, and such a function must not start or cancel runs. Each never
+raises: an event it cannot read as a request (not an object, an unknown payload
 ``version``, a payload 2.0 event without ``headers`` or ``requestContext.http``, a body that is not a string or not
 valid base64, a path or query string beyond Latin-1) is answered ``400`` with a JSON error
 (``{"error": {"code": "malformed_event", "message": ...}}``) and logged.
@@ -52,7 +60,7 @@ from celery_workflow.errors import ConfigurationError
 from celery_workflow.world import Claim, ClaimedDelivery, World
 from celery_workflow.world_sqs import AWSWorld, create_table
 
-__all__ = ["create_table", "http_handler", "queue_handler", "retry_delay"]
+__all__ = ["create_table", "http_handler", "queue_handler", "retry_delay", "rpc_handler", "webhook_handler"]
 
 log = logging.getLogger("celery_workflow.aws_lambda")
 
@@ -194,16 +202,47 @@ def http_handler(
     """A Lambda handler serving ``wf``'s RPC and webhook endpoints under ``prefix`` (Function URL, API Gateway REST
     or HTTP API, ALB), through ``apig-wsgi``; ``authorize(request, method)`` guards the RPC as in
     :func:`celery_workflow.api.rpc_blueprint`."""
+    return _served(lambda api: api.blueprint(wf, authorize=authorize), prefix, binary_support)
+
+
+def rpc_handler(
+    wf: Workflows,
+    *,
+    prefix: str = "/v1/workflow",
+    binary_support: bool = True,
+    authorize: Callable[[Any, str], bool] | None = None,
+) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
+    """A Lambda handler serving ``wf``'s RPC endpoint alone (``POST <prefix>/rpc``; webhooks are 404), as
+    :func:`http_handler` does; ``authorize`` guards it (:func:`celery_workflow.api.rpc_blueprint`)."""
+    return _served(lambda api: api.rpc_blueprint(wf, authorize=authorize), prefix, binary_support)
+
+
+def webhook_handler(
+    wf: Workflows, *, prefix: str = "/v1/workflow", binary_support: bool = True
+) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
+    """A Lambda handler serving ``wf``'s webhook endpoint alone (``<prefix>/webhooks/<token>``; the RPC is 404), as
+    :func:`http_handler` does: what a public Function URL may serve, since a webhook is authorised by its token."""
+    return _served(lambda api: api.webhook_blueprint(wf), prefix, binary_support)
+
+
+def _served(
+    blueprint: Callable[[Any], Any], prefix: str, binary_support: bool
+) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
+    """A Lambda handler serving the Flask blueprint ``blueprint(celery_workflow.api)`` under ``prefix``."""
+    if not isinstance(prefix, str) or (prefix and not prefix.startswith("/")):
+        raise ConfigurationError(f"prefix must be a path starting with '/' (or empty), got {prefix!r}")
     try:
         from apig_wsgi import make_lambda_handler
         from flask import Flask
+
+        from celery_workflow import api
     except ImportError as exc:  # pragma: no cover - exercised only without the extras
         raise ConfigurationError(
-            "http_handler needs flask and apig-wsgi: pip install 'celery-workflow[aws,flask]'"
+            "the HTTP handlers need flask and apig-wsgi: pip install 'celery-workflow[aws,flask]'"
         ) from exc
 
     app = Flask("celery_workflow")
-    app.register_blueprint(wf.blueprint(authorize=authorize), url_prefix=prefix)
+    app.register_blueprint(blueprint(api), url_prefix=prefix.rstrip("/") or None)
     handler: Any = make_lambda_handler(app, binary_support=binary_support)
 
     def serve(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The Lambda entry points on a real moto server: the SQS queue handler driving runs to completion from messages
 received off the moto queues (in the event shape an event source mapping delivers), failures reported per message,
-the half-deadline handoff; the HTTP handler behind a Function URL event."""
+the half-deadline handoff; the HTTP handlers (both endpoints, the RPC alone, the webhooks alone) behind a Function URL
+event."""
 
 from __future__ import annotations
 
@@ -277,6 +278,36 @@ def test_the_http_handler_serves_rpc_and_webhooks(aws: Aws, wf: Workflows) -> No
     assert answered["statusCode"] == 201 and json.loads(answered["body"]) == {"thanks": True}
     drive(aws, worker, lambda: run.status.terminal)
     assert run.result() == {"paid": 42}
+
+
+def test_the_rpc_and_webhook_handlers_serve_their_endpoint_alone(aws: Aws, wf: Workflows) -> None:
+    """The seed's RPC(world) and Webhook(world): a public Function URL serving webhooks must not serve the RPC (which
+    starts and cancels runs), and the RPC's function need not serve webhooks (issue #27, item 6)."""
+    from celery_workflow.aws_lambda import rpc_handler, webhook_handler
+    from celery_workflow.errors import ConfigurationError
+
+    rpc, webhooks = rpc_handler(wf), webhook_handler(wf)
+    start = {"method": "start", "params": {"workflow": "callback", "run_id": "via-rpc"}}
+    refused = webhooks(function_url_event("POST", "/v1/workflow/rpc", start), None)
+    assert refused["statusCode"] == 404
+    with pytest.raises(Exception, match="via-rpc"):
+        wf.world.get_run("via-rpc")  # nothing started through the webhook function
+    started = rpc(function_url_event("POST", "/v1/workflow/rpc", start), None)
+    assert started["statusCode"] == 200, started
+    worker = queue_handler(wf)
+    drive(aws, worker, lambda: wf.world.list_hooks("via-rpc") != [])
+    (hook,) = wf.world.list_hooks("via-rpc")
+    path = f"/v1/workflow/webhooks/{hook.token}"
+    assert rpc(function_url_event("POST", path, {"paid": 1}), None)["statusCode"] == 404  # not the RPC's
+    answered = webhooks(function_url_event("POST", path, {"paid": 42}), None)
+    assert answered["statusCode"] == 201 and json.loads(answered["body"]) == {"thanks": True}
+    drive(aws, worker, lambda: wf.get_run("via-rpc").status.terminal)
+    assert wf.get_run("via-rpc").result() == {"paid": 42}
+    elsewhere = webhook_handler(wf, prefix="/hooks")
+    unknown = elsewhere(function_url_event("POST", "/hooks/webhooks/unknown", {}), None)
+    assert json.loads(unknown["body"])["error"]["code"] == "hook_not_found"  # served there, the token unknown
+    with pytest.raises(ConfigurationError, match="prefix"):
+        webhook_handler(wf, prefix="v1")
 
 
 def test_a_message_on_its_last_receive_is_dead_lettered_and_its_run_failed(

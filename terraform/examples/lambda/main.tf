@@ -1,13 +1,21 @@
-# The AWS World behind two Lambda functions: the worker, fed by the module's SQS event source mappings
-# (celery_workflow.aws_lambda.queue_handler), and the API behind a Function URL (http_handler).
+# The AWS World behind three Lambda functions: the worker, fed by the module's SQS event source mappings
+# (celery_workflow.aws_lambda.queue_handler), the RPC behind a Function URL with AWS_IAM auth (rpc_handler), and the
+# webhooks alone behind a public Function URL (webhook_handler: it serves no RPC, so the internet can start or
+# cancel nothing; a webhook is authorised by its token).
 #
-#   worker.py:  from celery_workflow.aws_lambda import queue_handler
-#               from myapp import wf      # Workflows(Celery("app"), world=AWSWorld.from_env(), configure_broker=False)
-#               handler = queue_handler(wf)
+#   worker.py:    from celery_workflow.aws_lambda import queue_handler
+#                 from myapp import wf    # Workflows(Celery("app"), world=AWSWorld.from_env(), configure_broker=False)
+#                 handler = queue_handler(wf)
 #
-#   api.py:     from celery_workflow.aws_lambda import http_handler
-#               from myapp import wf
-#               handler = http_handler(wf)
+#   api.py:       from celery_workflow.aws_lambda import rpc_handler
+#                 from myapp import wf
+#                 handler = rpc_handler(wf)
+#
+#   webhooks.py:  from celery_workflow.aws_lambda import webhook_handler
+#                 from myapp import wf
+#                 handler = webhook_handler(wf)
+#
+# (http_handler(wf) serves both endpoints from one function, for an API that is private as a whole.)
 
 data "aws_partition" "current" {}
 
@@ -58,8 +66,10 @@ module "workflow" {
 }
 
 locals {
+  # Webhook URLs point at the public webhooks function unless base_url names another front (a domain of your own).
+  base_url = var.base_url != "" ? var.base_url : "${trimsuffix(aws_lambda_function_url.webhooks.function_url, "/")}/v1/workflow"
   environment = merge(module.workflow.environment, {
-    WORKFLOW_BASE_URL = var.base_url
+    WORKFLOW_BASE_URL = local.base_url
   })
 }
 
@@ -93,8 +103,39 @@ resource "aws_lambda_function" "api" {
   }
 }
 
-# The HTTP handlers do not authenticate: the Function URL requires SigV4-signed requests (AWS_IAM).
+# The HTTP handlers do not authenticate: the RPC's Function URL requires SigV4-signed requests (AWS_IAM).
 resource "aws_lambda_function_url" "api" {
   function_name      = aws_lambda_function.api.function_name
   authorization_type = "AWS_IAM"
+}
+
+# The webhooks alone, public: webhook_handler serves /v1/workflow/webhooks/<token> and nothing else. It resumes hooks
+# (an append and a delivery), which the API policy allows. It needs no WORKFLOW_BASE_URL: it makes no webhook URLs.
+resource "aws_lambda_function" "webhooks" {
+  function_name    = "${var.name}-webhooks"
+  role             = aws_iam_role.api.arn
+  runtime          = var.runtime
+  handler          = "webhooks.handler"
+  filename         = var.package_file
+  source_code_hash = filebase64sha256(var.package_file)
+  memory_size      = 512
+  timeout          = 30
+
+  environment {
+    variables = module.workflow.environment
+  }
+}
+
+resource "aws_lambda_function_url" "webhooks" {
+  function_name      = aws_lambda_function.webhooks.function_name
+  authorization_type = "NONE"
+}
+
+# A public Function URL needs a resource policy that lets anyone invoke it through the URL.
+resource "aws_lambda_permission" "webhooks_public" {
+  statement_id           = "PublicWebhooks"
+  action                 = "lambda:InvokeFunctionUrl"
+  function_name          = aws_lambda_function.webhooks.function_name
+  principal              = "*"
+  function_url_auth_type = "NONE"
 }

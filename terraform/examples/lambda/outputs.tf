@@ -1,6 +1,11 @@
 output "api_url" {
-  description = "Function URL of the API (append /v1/workflow/...)."
+  description = "Function URL of the RPC, AWS_IAM auth (append /v1/workflow/rpc)."
   value       = aws_lambda_function_url.api.function_url
+}
+
+output "webhooks_url" {
+  description = "Public Function URL of the webhooks alone (append /v1/workflow/webhooks/<token>)."
+  value       = aws_lambda_function_url.webhooks.function_url
 }
 
 output "environment" {

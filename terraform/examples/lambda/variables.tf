@@ -11,12 +11,12 @@ variable "name" {
 }
 
 variable "package_file" {
-  description = "Path of the deployment package: a zip holding your app (worker.py and api.py, see the README) with celery_workflow and its dependencies."
+  description = "Path of the deployment package: a zip holding your app (worker.py, api.py and webhooks.py, see main.tf) with celery_workflow and its dependencies."
   type        = string
 }
 
 variable "base_url" {
-  description = "Public URL of the HTTP endpoints including their /v1/workflow prefix (webhook URLs are built from it); empty: webhooks are off."
+  description = "Public URL of the webhook endpoint including its /v1/workflow prefix (webhook URLs are built from it); empty: the webhooks function's URL."
   type        = string
   default     = ""
 }
