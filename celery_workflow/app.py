@@ -23,6 +23,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from kombu import serialization
 
+from celery_workflow import worker_setup
 from celery_workflow.client import Run
 from celery_workflow.errors import ConfigurationError, PayloadError
 from celery_workflow.events import HookView, RunStatus
@@ -32,7 +33,7 @@ from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.transport.store import backoff
-from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, Upkeep, World, open_world
+from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, World, open_world
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -177,7 +178,8 @@ class Workflows:
 
     ``world`` is a World or a URL (``sqlite:///path``, ``postgresql://…``); ``None`` means the embedded SQLite World
     at ``$CELERY_WORKFLOW_URL`` or ``sqlite:///celery_workflow.sqlite3``. The Celery app's broker is set to the
-    World's queue (``broker_transport``/``broker_url``), with prefetch multiplier 1.
+    World's queue (``broker_transport``/``broker_url``), with prefetch multiplier 1. A worker started without ``-Q``
+    serves every queue these workflows use (:mod:`celery_workflow.worker_setup`).
     """
 
     def __init__(
@@ -201,7 +203,8 @@ class Workflows:
             base_url = getattr(self.world, "base_url", None)
         self.base_url = base_url
         self.registry = Registry()
-        self._known_queues = set(queues) if queues is not None else None
+        #: The queues given as ``queues=`` (None: not given); a worker without ``-Q`` serves them too.
+        self.declared_queues = frozenset(queues) if queues is not None else None
         self.routes: dict[str, str] = {}
         self.runtime = Runtime(
             self.world,
@@ -217,8 +220,7 @@ class Workflows:
             self.route(name, queue)
         if configure_broker:
             self._configure_celery(transport_options or {})
-        self._background: Upkeep | None = None
-        self._connect_worker_signals()
+        worker_setup.connect_worker_signals(self)  # queues without -Q, pools per process, upkeep
         try:
             _BOUND[celery_app] = weakref.ref(self)
         except TypeError:  # an app object that cannot be weakly referenced: not found by workflows_of
@@ -244,6 +246,9 @@ class Workflows:
         self._pin_json(conf)
         for name, value in spec.settings.items():
             setattr(conf, name, value)
+        for name, value in spec.defaults.items():  # the app's own setting wins
+            if getattr(conf, name, None) is None:
+                setattr(conf, name, value)
 
     @staticmethod
     def _pin_json(conf: Any) -> None:
@@ -265,24 +270,6 @@ class Workflows:
                 )
             setattr(conf, name, value)
 
-    def _connect_worker_signals(self) -> None:
-        """In a worker's main process, run the World's upkeep (:meth:`World.start_upkeep`, e.g. Postgres retention
-        sweeps) while it lives."""
-        from celery import signals
-
-        def ready(sender: Any = None, **_: Any) -> None:
-            if getattr(sender, "app", None) is not self.celery_app:
-                return
-            self._background = self.world.start_upkeep()
-
-        def shutdown(sender: Any = None, **_: Any) -> None:
-            background, self._background = self._background, None
-            if background is not None:
-                background.stop()
-
-        signals.worker_ready.connect(ready, weak=False)
-        signals.worker_shutdown.connect(shutdown, weak=False)
-
     def _check_queue(self, queue: str, what: str) -> str:
         """Known queues: those the World can deliver to, when it says (an AWS World's configured queues); and
         ``queues=`` if given, else Celery's ``task_queues`` if set; otherwise any name goes."""
@@ -291,7 +278,7 @@ class Workflows:
             raise ConfigurationError(
                 f"{what} routes to queue {queue!r}, which the World does not have; its queues: {sorted(world_known)}"
             )
-        known = self._known_queues
+        known: set[str] | frozenset[str] | None = self.declared_queues
         if known is None and self.celery_app.conf.task_queues:
             known = {q.name for q in self.celery_app.conf.task_queues}
         if known is not None and queue not in known and queue != self._default_queue():

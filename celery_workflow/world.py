@@ -145,13 +145,15 @@ class StreamPage:
 
 @dataclass(frozen=True, slots=True)
 class BrokerSpec:
-    """How Celery reaches this World's queue: a Kombu transport class path, a URL, transport options, and Celery
-    settings the broker needs (e.g. remote control off where the broker cannot carry it)."""
+    """How Celery reaches this World's queue: a Kombu transport class path, a URL, transport options, Celery
+    settings the broker needs (e.g. remote control off where the broker cannot carry it), and ``defaults``: Celery
+    settings applied where the app has none of its own (e.g. the Postgres World's ``worker_concurrency``)."""
 
     transport: str
     url: str
     options: Mapping[str, Any] = field(default_factory=dict)
     settings: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

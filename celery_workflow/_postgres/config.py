@@ -22,7 +22,11 @@ class PostgresConfig:
 
     * ``base_url``: public URL of the HTTP endpoints, including their prefix (for webhook URLs); optional here.
     * ``poll_interval``: longest sleep of workers and waiters when no notification arrives (seconds).
-    * ``concurrency``: deliveries one worker executes at once; the owned pool holds ``concurrency + 5`` connections.
+    * ``concurrency``: deliveries one worker executes at once: the app's ``worker_concurrency`` unless it sets its
+      own (``celery worker -c N`` overrides both, as the seed's ``WorkerOptions.Concurrency``). The World's own pool
+      holds up to ``concurrency + 5`` connections in a process that is not a worker (an API server); a worker sizes
+      it per process to what that process runs at once (:mod:`celery_workflow.worker_setup`): one delivery in each
+      prefork child, the worker's concurrency in its main process.
     * ``lease``: seconds a claimed delivery stays hidden; workers renew it while executing.
     * ``routes``: workflow name -> queue of its deliveries (others go to the default queue).
     * ``retention`` / ``retentions``: how long ended runs are kept, by default and per workflow name (``None``:

@@ -162,6 +162,17 @@ class PgDatabase:
                 self._watchdog = None
         return self._pool
 
+    def resize(self, max_size: int) -> None:
+        """At most ``max_size`` connections in this process's pool from now on, when the pool is this object's own
+        (a forked child's pool, opened on first use, takes it too)."""
+        if not self._own or max_size < 1:
+            return
+        with self._lock:
+            self.max_size = max_size
+            self.min_size = min(self.min_size, max_size)
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.resize(self.min_size, max_size)
+
     def close(self) -> None:
         if self._listener is not None and self._pid == os.getpid():
             self._listener.close()

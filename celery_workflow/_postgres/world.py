@@ -151,6 +151,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
     ) -> PostgresWorld:
         """A World with a pool of its own on ``url`` (closed by :meth:`close`)."""
         settings = config_with(config, overrides)
+        # until a worker says how many deliveries this process runs: concurrency plus room for other calls
         db = PgDatabase.open(url, max_size=settings.concurrency + 5, unavailable_timeout=settings.unavailable_timeout)
         try:
             world = cls(db, settings, migrate=migrate)
@@ -374,7 +375,15 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             transport="celery_workflow.transport.postgres:Transport",
             url=postgres_url(self.db.conninfo),
             options={"lease_seconds": self.config.lease, "polling_interval": self.config.poll_interval},
+            defaults={"worker_concurrency": self.config.concurrency},  # `celery worker -c N` overrides it
         )
+
+    def size_pool(self, deliveries: int) -> None:
+        """Size the pool of this process for ``deliveries`` run at once, plus one connection for a call beside
+        them (a worker tells each process: see :mod:`celery_workflow.worker_setup`). A caller's pool is left as it
+        is."""
+        if self._owns_db:
+            self.db.resize(max(deliveries, 1) + 1)
 
     def close(self) -> None:
         """Stop the retention sweeper and close the listener; close the pool only when :meth:`open` made it."""

@@ -21,6 +21,7 @@ from celery_workflow.errors import RunTerminal
 from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
 from celery_workflow.rpc import event_data, event_json, run_json, step_json
 from celery_workflow.runtime.continuation import continued_as
+from celery_workflow.worker_setup import unserved
 from celery_workflow.world import World
 
 __all__ = ["WATCH_EXIT", "runs"]
@@ -56,12 +57,23 @@ def list_runs(session: Session, workflow: str | None, status: str | None, limit:
     if not page.items:
         click.echo("no runs")
         return
-    click.echo(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} CREATED")
+    idle = unserved(session.world, page.items)
+    click.echo(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} {'CREATED':19} QUEUE")
     for run in page.items:
+        queue = _queue(run, idle)
         click.echo(
             f"{shown(run.run_id):32} {shown(run.workflow_name):24} {run.status.value:10}"
-            f" {run.created_at:%Y-%m-%d %H:%M:%S}"
+            f" {run.created_at:%Y-%m-%d %H:%M:%S} {queue}".rstrip()
         )
+    if idle:
+        click.echo(f"\nno worker consumes {', '.join(sorted(map(shown, idle)))}: start one with -Q (or without -Q)")
+
+
+def _queue(run: RunView, idle: set[str]) -> str:
+    """A run's queue, marked when the run waits on it and nobody consumes it (see worker_setup.unserved)."""
+    if not run.queue:
+        return ""
+    return shown(run.queue) + (" (no consumer)" if run.queue in idle and not run.status.terminal else "")
 
 
 @runs.command("show")
@@ -86,6 +98,8 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
     click.echo(f"run       {shown(run.run_id)}")
     click.echo(f"workflow  {shown(run.workflow_name)}")
     click.echo(f"status    {run.status.value}")
+    if run.queue:
+        click.echo(f"queue     {_queue(run, unserved(world, [run]))}")
     click.echo(f"input     {_short(run.input, 100)}")
     if run.status is RunStatus.COMPLETED:
         click.echo(f"output    {_short(run.output, 100)}")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, render_template, request, url_for
 
+from celery_workflow import worker_setup
 from celery_workflow.dead_letters import DeadLetter, dead_letter_store
 from celery_workflow.errors import (
     CeleryWorkflowError,
@@ -322,6 +323,7 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
         return ins.page(
             "run.html",
             run=view,
+            no_consumer=bool(worker_setup.unserved(w, [view])),
             continues=continuation.predecessor_of(events[0]) if events else None,
             continued_as=continuation.continued_as(w, view),
             timeline=items[first_item : first_item + TIMELINE_PAGE],

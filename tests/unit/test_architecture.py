@@ -211,9 +211,11 @@ def test_celery_is_used_only_by_app_py() -> None:
     # World for the run inspector in a Workflows with a Celery app of its own (only to build the wake-up message of a
     # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py and
     # testing/conformance_fanout.py run real workflows on the World under test, in a Workflows with a Celery app of
-    # their own, for the same reason
+    # their own, for the same reason; worker_setup.py is app.py's worker side (the worker signals a Workflows connects:
+    # queues without -Q, pools per process, upkeep), a module of its own to keep app.py under the size limit
     allowed = {
         "celery_workflow.app",
+        "celery_workflow.worker_setup",
         "celery_workflow.demo",
         "celery_workflow.transport.prefork",
         "celery_workflow.inspector.server",
