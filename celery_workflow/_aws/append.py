@@ -31,10 +31,14 @@ from celery_workflow import ids, rules
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed
 from celery_workflow._aws.items import (
     CODEC,
+    RETENTION_PREFIX,
     event_item,
     from_item,
     hook_item,
     item_size,
+    retained_item,
+    retained_of,
+    retentions_of,
     run_item,
     token_item,
     value_size,
@@ -117,6 +121,8 @@ class _Tx:
     """What ``load`` learnt for ``write``, besides the snapshot."""
 
     hooks: dict[str, str] = field(default_factory=dict)  # the run's live hooks: id -> token
+    retentions: dict[str, rules.RetainedToken] = field(default_factory=dict)  # theirs, by hook id (see rules)
+    retained: dict[str, rules.RetainedToken] = field(default_factory=dict)  # claimed tokens ended runs retain
     waits: list[str] = field(default_factory=list)  # every wait of the run (read when the batch may end it)
     ack: Receipt | None = None  # the acked claim, when its record is still this claim's
     delete_message: Receipt | None = None  # the acked message, when its record is gone already
@@ -194,6 +200,7 @@ class AWSAppend:
         stored = from_item(meta)
         snapshot = rules.Snapshot(CODEC.run(stored))
         tx.hooks = dict(stored.get("hooks") or {})
+        tx.retentions = snapshot.retentions = retentions_of(run_id, meta)
         created = set(stored.get("created_hooks") or {})
         snapshot.created_hooks = created & set(keys.hooks)
         outbox = stored.get("outbox") or {}
@@ -210,7 +217,10 @@ class AWSAppend:
                 snapshot.hooks[h] = view_of("hooks", item)
         for t in keys.tokens:
             if (item := found.get((token_pk(t), META))) is not None:
-                snapshot.token_owners[t] = view_of("hooks", item)
+                if (held := retained_of(item)) is not None:
+                    tx.retained[t] = snapshot.retained[t] = held
+                else:
+                    snapshot.token_owners[t] = view_of("hooks", item)
         if request.ends_run:
             tx.waits = [from_item(i)["wait_id"] for i in world.table.partition(pk, "WAIT#", what="Query (waits)")]
         if receipt is not None:
@@ -282,12 +292,18 @@ class AWSAppend:
         items as the run's any more; a token is deleted only while it is still this run's hook's). A crash before
         they are done leaves them until the run expires (DESIGN: a run's end deletes its hooks and waits)."""
         table = self.world.table
-        plain = [d["Delete"]["Key"] for d in deletes if "ConditionExpression" not in d["Delete"]]
+        for d in deletes:
+            if "Put" in d:  # a token the ended run retains (see rules)
+                try:
+                    table.call("PutItem (retained token)", table.client.put_item, **d["Put"])
+                except ConditionFailed:
+                    pass  # another run's hook owns the token now
+        plain = [d["Delete"]["Key"] for d in deletes if "Delete" in d and "ConditionExpression" not in d["Delete"]]
         if plain:
             table.delete_many(plain)
         for d in deletes:
-            action = d["Delete"]
-            if "ConditionExpression" not in action:
+            action = d.get("Delete")
+            if action is None or "ConditionExpression" not in action:
                 continue
             key = {k: v["S"] for k, v in action["Key"].items()}
             try:
@@ -376,7 +392,14 @@ class AWSAppend:
             slot = created[(EventType.HOOK_CREATED, hook_id)]
             put(hook_item(hook, slot), "attribute_not_exists(pk)")
             previous = released.get(hook.token)
-            if previous is None:
+            held = tx.retained.get(hook.token) if hook.token in plan.tokens_reclaimed else None
+            if held is not None:  # an ended run's retention is over: replace its holding, as it was read
+                put(
+                    token_item(hook, slot),
+                    "run_id = :r AND hook_id = :h AND retained_until = :u",
+                    {":r": {"S": held.run_id}, ":h": {"S": held.hook_id}, ":u": {"N": str(ids.to_micros(held.until))}},
+                )
+            elif previous is None:
                 put(token_item(hook, slot), "attribute_not_exists(pk)")
             else:  # a token released and claimed again in one batch: one write of its item
                 moved.add(hook.token)
@@ -385,10 +408,19 @@ class AWSAppend:
                     "run_id = :r AND hook_id = :h",
                     {":r": {"S": run.run_id}, ":h": {"S": previous}},
                 )
-        # a run's end: its hooks, tokens and waits, however many, go to the cleanup (see write)
+        # a run's end: its hooks, tokens and waits, however many, go to the cleanup (see write); the tokens the rules
+        # retain become the ended run's holdings instead (a hook of this very batch has no token item yet)
         gone = cleanup if plan.run_ended else actions
+        for kept in plan.tokens_retained.values():
+            action: dict[str, Any] = {
+                "TableName": table,
+                "Item": retained_item(kept),
+                "ConditionExpression": "attribute_not_exists(pk) OR (run_id = :r AND hook_id = :h)",
+                "ExpressionAttributeValues": {":r": {"S": run.run_id}, ":h": {"S": kept.hook_id}},
+            }
+            cleanup.append({"Put": action})
         for token, hook_id in released.items():
-            if token not in moved:
+            if token not in moved and token not in plan.tokens_retained:
                 delete(
                     {"pk": token_pk(token), "sk": META},
                     "attribute_not_exists(pk) OR (run_id = :r AND hook_id = :h)",
@@ -440,12 +472,19 @@ class AWSAppend:
                     sets.append(f"{name(column)} = {value(_typed(fields[column]))}")
             if plan.run_ended:
                 sets.append(f"{name('hooks')} = {value({'M': {}})}")
+                removes += [name(RETENTION_PREFIX + hook_id) for hook_id in tx.retentions]
+                if plan.tokens_retained:  # what the run's expiry waits for and deletes
+                    retained = {t: {"N": str(ids.to_micros(r.until))} for t, r in plan.tokens_retained.items()}
+                    sets.append(f"{name('retained')} = {value({'M': retained})}")
             else:
                 for hook_id, hook in plan.hooks_inserted.items():
                     sets.append(f"{name('hooks')}.{name(hook_id)} = {value({'S': hook.token})}")
+                for hook_id, kept in plan.retentions.items():
+                    sets.append(f"{name(RETENTION_PREFIX + hook_id)} = {value({'N': str(ids.to_micros(kept.until))})}")
                 for hook_id in plan.hooks_deleted:
                     if hook_id not in plan.hooks_inserted:
                         removes.append(f"{name('hooks')}.{name(hook_id)}")
+                        removes.append(name(RETENTION_PREFIX + hook_id))
             for e in plan.events:
                 if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
                     sets.append(f"{name('created_hooks')}.{name(str(e.correlation_id))} = {value({'BOOL': True})}")

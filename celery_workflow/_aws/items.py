@@ -19,6 +19,7 @@ from celery_workflow import ids
 from celery_workflow._aws.table import META, event_sk, hook_pk, list_sk, run_pk, step_sk, token_pk, wait_sk
 from celery_workflow._backend.records import RecordCodec
 from celery_workflow.events import Event, HookView, RunView, StepView, WaitView
+from celery_workflow.rules import RetainedToken
 
 __all__ = ["CODEC", "attr", "event_item", "hook_item", "item_size", "plain", "run_item", "value_size", "view_item"]
 
@@ -194,6 +195,48 @@ def hook_item(hook: HookView, created_slot: int) -> Item:
 def token_item(hook: HookView, created_slot: int) -> Item:
     """The token's owner: the live hook's view, so a token finds its hook in one read."""
     return to_item({"pk": token_pk(hook.token), "sk": META, **CODEC.record("hooks", hook, created_slot=created_slot)})
+
+
+#: A run's META attribute holding the token retention end (microseconds) of its live hook ``<hookId>`` that asked for
+#: one: ``retention#<hookId>`` (top-level attributes, so runs written before them take them with a plain SET).
+RETENTION_PREFIX = "retention#"
+
+
+def retained_item(held: RetainedToken) -> Item:
+    """The ``TOKEN#`` item of a token its ended run retains (see :mod:`celery_workflow.rules`): its holder and the end
+    of the retention (``retained_until``, which a live hook's token item never has)."""
+    return to_item(
+        {
+            "pk": token_pk(held.token),
+            "sk": META,
+            "token": held.token,
+            "run_id": held.run_id,
+            "hook_id": held.hook_id,
+            "retained_until": ids.to_micros(held.until),
+        }
+    )
+
+
+def retained_of(item: Mapping[str, Any]) -> RetainedToken | None:
+    """The holding a ``TOKEN#`` item describes when its ended run retains the token; None for a live hook's."""
+    if "retained_until" not in item:
+        return None
+    v = from_item(item)
+    return RetainedToken(
+        str(v["run_id"]), str(v["hook_id"]), str(v["token"]), ids.from_micros(int(v["retained_until"]))
+    )
+
+
+def retentions_of(run_id: str, meta: Mapping[str, Any]) -> dict[str, RetainedToken]:
+    """The token retentions of a run's live hooks, by hook id, from its META item (``hooks`` and
+    :data:`RETENTION_PREFIX` attributes)."""
+    v = from_item(meta)
+    hooks = v.get("hooks") or {}
+    out: dict[str, RetainedToken] = {}
+    for name, until in v.items():
+        if name.startswith(RETENTION_PREFIX) and (hook_id := name[len(RETENTION_PREFIX) :]) in hooks:
+            out[hook_id] = RetainedToken(run_id, hook_id, str(hooks[hook_id]), ids.from_micros(int(until)))
+    return out
 
 
 def view_of(table: str, item: Mapping[str, Any]) -> Any:

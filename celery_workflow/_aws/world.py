@@ -21,7 +21,12 @@ Guarantees (the table layout is in :mod:`celery_workflow._aws.table`):
   :class:`~celery_workflow.errors.WorldUnavailable`, never a lost write.
 * **Retention**: a terminal append queues ``QUEUE#expire-<runId>``, due the workflow's retention later; its delivery
   deletes the run's hooks, tokens and partition, the run's view last, so a cleanup cut short is retried while the run
-  still exists. Pending and running runs never expire.
+  still exists. Pending and running runs never expire. A delivery that comes before the run may expire (the
+  retention was lengthened, or the run retains a token) keeps the record, due then, and is sent again.
+* **Token retention** (:mod:`celery_workflow.rules`): a live hook's retention end is a ``retention#<hookId>``
+  attribute of its run's META; a run's end turns the ``TOKEN#`` items the rules retain into holdings of the ended run
+  (``retained_until``, no hook view), lists them in META ``retained`` (what its expiry waits for, then deletes), and a
+  claim that finds a holding over replaces it under a condition on what it read.
 """
 
 from __future__ import annotations
@@ -39,8 +44,17 @@ from celery_workflow import codec, ids, rules
 from celery_workflow._aws.append import APPEND_LIMITS, AWSAppend
 from celery_workflow._aws.config import AWSConfig, QueueConfig
 from celery_workflow._aws.dead_letters import SQSDeadLetters
-from celery_workflow._aws.dynamo import Cancelled, Table
-from celery_workflow._aws.items import event_item, from_item, item_size, run_item, run_of, to_item, view_of
+from celery_workflow._aws.dynamo import Cancelled, ConditionFailed, Table
+from celery_workflow._aws.items import (
+    event_item,
+    from_item,
+    item_size,
+    retained_of,
+    run_item,
+    run_of,
+    to_item,
+    view_of,
+)
 from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
@@ -295,7 +309,10 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def get_hook_by_token(self, token: str) -> HookView:
         item = self.table.get({"pk": token_pk(token), "sk": META})
-        if item is None:
+        held = None if item is None else retained_of(item)
+        if item is None or held is not None:
+            if held is not None and held.holds(ids.utcnow()):
+                raise rules.retained_error(held)
             raise HookNotFound(f"no live hook owns token {token!r}")
         return view_of("hooks", item)  # type: ignore[no-any-return]
 
@@ -351,20 +368,18 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def expiry_record(self, plan: rules.Plan) -> Record | None:
         """The ``QUEUE#expire-<runId>`` record a terminal append writes, when the workflow's runs expire."""
-        keep = self.config.retention_of(plan.run.workflow_name)
-        if keep is None:
+        retained = [kept.until for kept in plan.tokens_retained.values()]
+        due = rules.expires_at(plan.run, self.config.retention_of(plan.run.workflow_name), retained)
+        if due is None:
             return None
-        ended = plan.run.completed_at or ids.utcnow()
-        return Record(
-            f"expire-{plan.run.run_id}", self.config.default_queue, b"", plan.run.run_id, ended + keep, "expire"
-        )
+        return Record(f"expire-{plan.run.run_id}", self.config.default_queue, b"", plan.run.run_id, due, "expire")
 
     def expire_run(self, record: Record) -> datetime | None:
         """Delete an expired run: its hooks and their tokens, then every item of its partition, the view last. None
         when the record is done (the run is gone now, or is not a finished run, or is kept for good); else the time
-        the run may expire, not reached yet (its retention was lengthened since the record was written): the caller
-        keeps the record, due then (:meth:`SQSQueue.defer`). An error leaves the message to SQS, which delivers it
-        again."""
+        the run may expire, not reached yet (its retention was lengthened since the record was written, or it still
+        retains a token: :func:`celery_workflow.rules.expires_at`): the caller keeps the record, due then
+        (:meth:`SQSQueue.defer`). An error leaves the message to SQS, which delivers it again."""
         run_id = record.run_id
         if run_id is None:
             return None
@@ -372,13 +387,21 @@ class AWSWorld(TemplateWorld, StoreStreams):
         if meta is None:
             return None
         run = run_of(meta)
-        if not run.status.terminal:
-            return None  # pending and running runs never expire
-        keep = self.config.retention_of(run.workflow_name)
-        if keep is None:
-            return None  # retention was switched off meanwhile: the run is kept
-        if run.completed_at is not None and run.completed_at + keep > ids.utcnow() + timedelta(seconds=1):
-            return run.completed_at + keep
+        retained = {str(t): ids.from_micros(int(until)) for t, until in (from_item(meta).get("retained") or {}).items()}
+        due = rules.expires_at(run, self.config.retention_of(run.workflow_name), retained.values())
+        if due is None:
+            return None  # pending and running runs never expire; a retention switched off meanwhile keeps the run
+        if due > ids.utcnow() + timedelta(seconds=1):
+            return due
+        for token in sorted(retained):  # the run's holdings, unless another run's hook claimed the token since
+            try:
+                self.table.delete(
+                    {"pk": token_pk(token), "sk": META},
+                    ConditionExpression="run_id = :r AND attribute_exists(retained_until)",
+                    ExpressionAttributeValues={":r": {"S": run_id}},
+                )
+            except ConditionFailed:
+                pass
         hooks = from_item(meta).get("hooks") or {}
         keys: list[dict[str, Any]] = [{"pk": {"S": hook_pk(run_id, h)}, "sk": {"S": META}} for h in hooks]
         keys += [{"pk": {"S": token_pk(t)}, "sk": {"S": META}} for t in hooks.values()]

@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 from celery_workflow import ids
-from celery_workflow.errors import RunNotFound
+from celery_workflow.errors import HookNotFound, RunNotFound
 from celery_workflow.events import EventType, RunStatus
-from celery_workflow.testing._conformance import create, ev, eventually
+from celery_workflow.testing._conformance import create, ev, eventually, hook_created
 from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
 
@@ -39,9 +39,40 @@ def test_an_expiry_that_arrives_early_is_deferred_and_happens_later(aws: Aws, mo
     run = create(short, run_id="wrun_deferred", started=True)
     short.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)])  # its expiry is due in a second
     longer = aws.world(retention=timedelta(hours=1))  # the retention was lengthened meanwhile
-    assert eventually(lambda: _scheduled(aws, longer), timeout=15, interval=0.1) == [f"{_EXPIRE}wrun_deferred"]
+    (name,) = eventually(lambda: _scheduled(aws, longer), timeout=15, interval=0.1)
+    assert name.startswith(f"{_EXPIRE}wrun_deferred")  # a re-send may name its schedule apart
     assert longer.get_run(run.run_id).status is RunStatus.COMPLETED  # deferred: an hour after the run's end
     later = ids.utcnow() + timedelta(hours=2)
     assert aws.fire_due_schedules(later) == 1
     monkeypatch.setattr(ids, "utcnow", lambda: later)  # two hours pass
     eventually(lambda: _expired(longer, run.run_id), timeout=15, interval=0.1)
+
+
+def test_a_run_that_retains_a_token_expires_when_the_retention_ends(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
+    world = aws.world(retention=timedelta(seconds=1))
+    retains, plain = (
+        create(world, run_id="wrun_retains", started=True),
+        create(world, run_id="wrun_plain", started=True),
+    )
+    until = ids.utcnow() + timedelta(hours=1)
+    world.append(retains.run_id, [hook_created("h", "tok-kept", token_retention_until=ids.isoformat(until))])
+    for run in (retains, plain):
+        world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)])
+    eventually(lambda: _expired(world, plain.run_id), timeout=15, interval=0.1)  # a second after its end
+    assert [s["Name"] for s in aws.schedules()] == [f"{_EXPIRE}wrun_retains"]  # when the retention ends
+    assert world.get_run(retains.run_id).status is RunStatus.COMPLETED
+    claimant = create(world, started=True)
+    (conflict,) = world.append(claimant.run_id, [hook_created("a", "tok-kept")]).events
+    assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == retains.run_id
+    # a delivery of the expiry before the retention ends (here: the schedule fired early) defers it again
+    assert aws.fire_due_schedules(until) == 1
+    eventually(lambda: _scheduled(aws, world), timeout=15, interval=0.1)
+    assert world.get_run(retains.run_id).status is RunStatus.COMPLETED
+    later = until + timedelta(seconds=2)
+    assert aws.fire_due_schedules(later) == 1
+    monkeypatch.setattr(ids, "utcnow", lambda: later)  # the retention has ended
+    eventually(lambda: _expired(world, retains.run_id), timeout=15, interval=0.1)
+    with pytest.raises(HookNotFound, match="no live hook owns"):  # its holding went with it
+        world.get_hook_by_token("tok-kept")
+    (created,) = world.append(claimant.run_id, [hook_created("b", "tok-kept")]).events
+    assert created.event_type is EventType.HOOK_CREATED
