@@ -20,8 +20,9 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * storage (:class:`StorageConformance`): ``create_run`` at slot 1, idempotent by run id, atomic with its deliveries;
   appends at contiguous slots, all or nothing (a rejected batch writes no event, view or delivery), ``expected_count``;
   views and listings (newest-first runs with filters and cursor paging; steps, hooks and waits in creation order);
-* the rules of :mod:`celery_workflow.events` observed through the World (:class:`RunRulesConformance`,
-  :class:`StepRulesConformance`, :class:`HookRulesConformance`, :class:`WaitRulesConformance`);
+* the rules of :mod:`celery_workflow.rules` observed through the World (:class:`RunRulesConformance`,
+  :class:`StepRulesConformance`, :class:`HookRulesConformance`, :class:`WaitRulesConformance`,
+  :class:`TokenRetentionConformance`: a finished run's retained tokens);
 * the queue (:class:`QueueConformance`): due times, leases, stale receipts, idempotency keys, queue names;
 * streams, blocking waits and concurrent writers (:class:`StreamConformance`, :class:`WaitForTerminalConformance`,
   :class:`ConcurrencyConformance`);
@@ -57,6 +58,7 @@ from celery_workflow.testing.conformance_rules import (
     HookRulesConformance,
     RunRulesConformance,
     StepRulesConformance,
+    TokenRetentionConformance,
     WaitRulesConformance,
 )
 from celery_workflow.testing.conformance_storage import StorageConformance
@@ -72,6 +74,7 @@ __all__ = [
     "StepRulesConformance",
     "StorageConformance",
     "StreamConformance",
+    "TokenRetentionConformance",
     "WaitForTerminalConformance",
     "WaitRulesConformance",
     "WorldConformance",
@@ -85,6 +88,7 @@ class WorldConformance(
     StepRulesConformance,
     HookRulesConformance,
     WaitRulesConformance,
+    TokenRetentionConformance,
     QueueConformance,
     StreamConformance,
     WaitForTerminalConformance,

@@ -1,9 +1,6 @@
-"""World conformance: the transition rules of :mod:`celery_workflow.events`, observed through a World.
-
-:class:`TokenRetentionConformance` (DESIGN §3: "Run end deletes its hooks (tokens kept until token retention
-ends)") is not part of :class:`~celery_workflow.testing.conformance.WorldConformance` yet: only the Postgres World
-keeps tokens past its run's end so far. A World that does subclasses it beside its ``WorldConformance`` tests.
-"""
+"""World conformance: the transition rules of :mod:`celery_workflow.rules`, observed through a World, token retention
+included (:class:`TokenRetentionConformance`, DESIGN §3: "Run end deletes its hooks (tokens kept until token
+retention ends)")."""
 
 from __future__ import annotations
 
@@ -388,6 +385,42 @@ class TokenRetentionConformance(Conformance):
 
         eventually(claimed, timeout=self.RETAIN + 10, interval=0.1)
         assert world.get_hook_by_token(kept).run_id == later.run_id
+
+    def test_a_hook_created_in_the_batch_that_ends_its_run_retains_its_token(self, world: World) -> None:
+        owner = create(world, started=True)
+        token = unique("tok")
+        ended = [hook_created("h", token, token_retention_until=iso_in(3600)), ev(EventType.RUN_COMPLETED, output=1)]
+        assert [e.event_type for e in world.append(owner.run_id, ended).events] == [
+            EventType.HOOK_CREATED,
+            EventType.RUN_COMPLETED,
+        ]
+        assert world.list_hooks(owner.run_id) == []
+        claimant = create(world, started=True)
+        (conflict,) = world.append(claimant.run_id, [hook_created("h", token)]).events
+        assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == owner.run_id
+
+    def test_a_run_end_after_a_whole_read_of_the_run_retains_tokens_too(self, world: World) -> None:
+        """A World may plan a run's next batch on the whole state it read (the Postgres World's kept snapshots): the
+        retentions of its live hooks are part of that state, as are hooks disposed since."""
+        owner = create(world, started=True)
+        kept, released = unique("kept"), unique("released")
+        world.append(
+            owner.run_id,
+            [
+                hook_created("kept", kept, token_retention_until=iso_in(3600)),
+                hook_created("released", released, token_retention_until=iso_in(3600)),
+            ],
+        )
+        world.get_run_with_events(owner.run_id)
+        world.append(owner.run_id, [ev(EventType.HOOK_DISPOSED, "released")])
+        world.get_run_with_events(owner.run_id)
+        world.append(owner.run_id, [ev(EventType.RUN_CANCELLED)])
+        claimant = create(world, started=True)
+        conflict, created = world.append(claimant.run_id, [hook_created("a", kept), hook_created("b", released)]).events
+        assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == owner.run_id
+        assert created.event_type is EventType.HOOK_CREATED
+        with pytest.raises(HookNotFound, match=f"run {owner.run_id}, which has ended"):
+            world.get_hook_by_token(kept)
 
     def test_token_retention_until_must_be_an_iso_time_with_its_offset(self, world: World) -> None:
         run = create(world, started=True)
