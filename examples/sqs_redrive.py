@@ -27,8 +27,11 @@ intent ("if there are no MOVE tasks on the DLQ, I can just indicate that"): no t
 
 Starting is idempotent: SQS allows one active move task per queue, so a task already ``RUNNING`` on the DLQ counts
 as started (the step lists before it starts, and reads the "already a task running" error the same way), so a
-retried step never starts a second task while the first runs. Steps are retried on any error, throttling included
-(``max_retries=5``); a run checks at most ``MAX_CHECKS`` times (its bound, where EXPRESS has 5 minutes).
+retried step never starts a second task while the first runs. A step is retried (``max_retries=5``) on the errors that
+pass (throttling, SQS's own failures: :data:`TRANSIENT`, and any error that is not SQS's answer); any other error SQS
+answers (no such queue, a malformed ARN, access denied, a move task the queue does not support) is permanent and fails
+the step at once, as it fails the state machine's execution at once. A run checks at most ``MAX_CHECKS`` times (its
+bound, where EXPRESS has 5 minutes) and then fails, still ``RUNNING``.
 
     python -m examples.sqs_redrive setup                     # creates `sample` and `sample-dlq`; prints URLs and ARNs
     python -m examples.sqs_redrive send --queue-url URL      # aws sqs send-message … --message-body "Hello World"
@@ -46,9 +49,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any
+from typing import Any, NoReturn
 
 import boto3
+from botocore.exceptions import ClientError
 from celery import Celery
 
 from celery_workflow import FatalError, Workflows, sleep
@@ -61,8 +65,38 @@ MAX_CHECKS = 360
 Payload = dict[str, str]  # the seed's Payload: {"queueArn": …, "status": …}, plus "taskHandle" / "failureReason"
 
 
+#: SQS error codes worth retrying (throttling, the service's own failures); every other answer of SQS is permanent.
+TRANSIENT = frozenset(
+    {
+        "ThrottlingException",
+        "RequestThrottled",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "KmsThrottled",
+    }
+)
+
+
+def error_code(exc: ClientError) -> str:
+    """The error's code without the ``AWS.SimpleQueueService.`` prefix of SQS's query-compatible codes."""
+    return str(exc.response.get("Error", {}).get("Code", "")).rsplit(".", 1)[-1]
+
+
+def give_up_unless_transient(exc: ClientError, what: str) -> NoReturn:
+    """Raise ``exc`` again for the step to be retried when it is :data:`TRANSIENT`, else fail the step at once."""
+    if error_code(exc) in TRANSIENT:
+        raise exc
+    message = exc.response.get("Error", {}).get("Message", "")
+    raise FatalError(f"{what}: {error_code(exc)}: {message}") from exc
+
+
 def newest_move_task(sqs: Any, queue_arn: str) -> dict[str, Any] | None:
-    results: list[dict[str, Any]] = sqs.list_message_move_tasks(SourceArn=queue_arn, MaxResults=1).get("Results", [])
+    try:
+        answer = sqs.list_message_move_tasks(SourceArn=queue_arn, MaxResults=1)
+    except ClientError as exc:
+        give_up_unless_transient(exc, f"ListMessageMoveTasks of {queue_arn}")
+    results: list[dict[str, Any]] = answer.get("Results", [])
     return results[0] if results else None
 
 
@@ -80,10 +114,11 @@ def start_redrive(event: Payload) -> Payload:
     if handle is None:
         try:
             handle = sqs.start_message_move_task(SourceArn=event["queueArn"])["TaskHandle"]
-        except sqs.exceptions.UnsupportedOperation:  # "There is already a task running": one started since we looked
-            handle = running_task_handle(sqs, event["queueArn"])
+        except ClientError as exc:
+            if error_code(exc) == "UnsupportedOperation":  # "There is already a task running": one started since
+                handle = running_task_handle(sqs, event["queueArn"])
             if handle is None:
-                raise
+                give_up_unless_transient(exc, f"StartMessageMoveTask of {event['queueArn']}")
     return {"queueArn": event["queueArn"], "status": "INITIATED", "taskHandle": handle}
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import boto3
 import pytest
 
+from celery_workflow.events import RunStatus
 from celery_workflow.testing import LocalWorker
 from celery_workflow.testing.move_tasks import MessageMoveTaskProxy
 from tests.integration.aws_fixtures import CREDENTIALS, REGION, moto_fixture  # noqa: F401
@@ -93,3 +94,115 @@ def test_sqs_redrive(load: Any, moto: str, monkeypatch: pytest.MonkeyPatch) -> N
         [task] = proxy.tasks(queues["dlqArn"])
         assert (task["Status"], task["ApproximateNumberOfMessagesMoved"]) == ("COMPLETED", 2)
         assert example.process(queues["queueUrl"], wait_seconds=0) == 2  # back on the source queue
+
+
+@pytest.fixture
+def redrive(load: Any, moto: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, MessageMoveTaskProxy]]:
+    """The re-drive example on moto behind the move task stand-in, with a short poll."""
+    with MessageMoveTaskProxy(moto, region=REGION) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", proxy.endpoint)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDENTIALS["aws_access_key_id"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDENTIALS["aws_secret_access_key"])
+        monkeypatch.setenv("REDRIVE_POLL_SECONDS", "0.05")
+        yield load("sqs_redrive"), proxy
+
+
+def _failure(run: Any) -> str:
+    view = run.view()
+    assert view.status is RunStatus.FAILED, view.status
+    return str((view.error or {}).get("message", ""))
+
+
+def _inject(example: Any, monkeypatch: pytest.MonkeyPatch, operation: str, codes: list[str]) -> list[str]:
+    """The example's SQS clients answer ``operation`` with the errors ``codes``, one per call, then as SQS does."""
+    from botocore.awsrequest import AWSResponse
+
+    left = list(codes)
+    client = example.boto3.client
+
+    def answer(**_: Any) -> Any:
+        if not left:
+            return None
+        code = left.pop(0)
+        parsed = {"Error": {"Code": code, "Message": f"injected {code}"}, "ResponseMetadata": {"HTTPStatusCode": 400}}
+        return AWSResponse("https://sqs.invalid/", 400, {}, None), parsed
+
+    def made(*args: Any, **kwargs: Any) -> Any:
+        built = client(*args, **kwargs)
+        built.meta.events.register(f"before-call.sqs.{operation}", answer)
+        return built
+
+    monkeypatch.setattr(example.boto3, "client", made)
+    return left
+
+
+@pytest.mark.parametrize("code", ["AccessDeniedException", "AWS.SimpleQueueService.NonExistentQueue", "InvalidAddress"])
+def test_sqs_redrive_a_permanent_start_error_fails_at_once(
+    redrive: tuple[Any, MessageMoveTaskProxy], monkeypatch: pytest.MonkeyPatch, code: str
+) -> None:
+    """A permanent StartMessageMoveTask error fails the run at once, as it fails the state machine's execution,
+    instead of being retried five times (issue #27, item 13)."""
+    example, _proxy = redrive
+    queues = example.setup(f"sample-{secrets.token_hex(4)}")
+    _inject(example, monkeypatch, "StartMessageMoveTask", [code] * 10)
+    run = example.redrive.start({"queueArn": queues["dlqArn"]})
+    LocalWorker(example.wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=30)
+    assert code.rsplit(".", 1)[-1] in _failure(run)
+    (step,) = [s for s in run.steps() if s.step_name.endswith("start_redrive")]
+    assert step.attempt == 1  # not retried
+
+
+def test_sqs_redrive_an_unknown_queue_fails_at_once(redrive: tuple[Any, MessageMoveTaskProxy]) -> None:
+    example, proxy = redrive
+    missing = f"arn:aws:sqs:{REGION}:123456789012:no-such-dlq-{secrets.token_hex(4)}"
+    run = example.redrive.start({"queueArn": missing})
+    LocalWorker(example.wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=30)
+    assert "ResourceNotFoundException" in _failure(run)
+    assert len(proxy.calls("ListMessageMoveTasks", missing)) == 1 and proxy.calls("StartMessageMoveTask") == []
+
+
+def test_sqs_redrive_throttling_is_retried(
+    redrive: tuple[Any, MessageMoveTaskProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example, proxy = redrive
+    queues = example.setup(f"sample-{secrets.token_hex(4)}")
+    left = _inject(example, monkeypatch, "StartMessageMoveTask", ["RequestThrottled", "ThrottlingException"])
+    run = example.redrive.start({"queueArn": queues["dlqArn"]})
+    LocalWorker(example.wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=30)
+    assert run.result(timeout=0)["status"] == "COMPLETED" and left == []
+    assert len(proxy.calls("StartMessageMoveTask", queues["dlqArn"])) == 1  # the third try reached SQS
+
+
+def test_sqs_redrive_a_cancelled_move_task_fails_the_run(redrive: tuple[Any, MessageMoveTaskProxy]) -> None:
+    example, proxy = redrive
+    queues = example.setup(f"sample-{secrets.token_hex(4)}")
+    sqs = boto3.client("sqs")
+    sqs.send_message(QueueUrl=queues["dlqUrl"], MessageBody="stuck")
+    proxy.pause()  # the task stays RUNNING until it is cancelled
+    run = example.redrive.start({"queueArn": queues["dlqArn"]})
+    worker = LocalWorker(example.wf, backoff=lambda attempts: 0.05)
+    worker.run_until(lambda: bool(proxy.tasks(queues["dlqArn"])), 30)
+    (task,) = proxy.tasks(queues["dlqArn"])
+    sqs.cancel_message_move_task(TaskHandle=task["TaskHandle"])
+    proxy.resume()
+    worker.run_until_complete(run, timeout=30)
+    assert "ended CANCELLED" in _failure(run) or "ended CANCELLING" in _failure(run)
+
+
+def test_sqs_redrive_gives_up_after_its_checks(
+    redrive: tuple[Any, MessageMoveTaskProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example, proxy = redrive
+    monkeypatch.setattr(example, "MAX_CHECKS", 3)
+    queues = example.setup(f"sample-{secrets.token_hex(4)}")
+    boto3.client("sqs").send_message(QueueUrl=queues["dlqUrl"], MessageBody="slow")
+    proxy.pause()  # RUNNING for good
+    try:
+        run = example.redrive.start({"queueArn": queues["dlqArn"]})
+        LocalWorker(example.wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=30)
+    finally:
+        proxy.resume()
+    assert "still RUNNING after 3 checks" in _failure(run)
+    checks = [s for s in run.steps() if s.step_name.endswith("redrive_status")]
+    assert len(checks) == 3
