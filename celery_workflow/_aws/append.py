@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,7 +45,7 @@ from celery_workflow._aws.items import (
     view_item,
     view_of,
 )
-from celery_workflow._aws.queue import Receipt, Record, scheduled
+from celery_workflow._aws.queue import WAKE_KEY, Receipt, Record, scheduled
 from celery_workflow._aws.table import (
     MAX_ACTIONS,
     MAX_ITEM_BYTES,
@@ -128,6 +128,8 @@ class _Tx:
     delete_message: Receipt | None = None  # the acked message, when its record is gone already
     stale_outbox: bool = False
     schedules: set[str] = field(default_factory=set)  # the run's records delivered through the Scheduler (META)
+    pending_wake: str | None = None  # the run's queued, unclaimed wake-up (META ``pending_wake``), if any
+    dropped_wake: bool = False  # this append's wake-up is left out for it
 
 
 def update_action(table: str, key: dict[str, str], values: dict[str, Any], condition: str) -> dict[str, Any]:
@@ -205,6 +207,7 @@ class AWSAppend:
         snapshot.created_hooks = created & set(keys.hooks)
         outbox = stored.get("outbox") or {}
         tx.schedules = set(stored.get("schedules") or ())
+        tx.pending_wake = stored.get("pending_wake")
         tx.stale_outbox = any(int(t) < ids.to_micros(ids.utcnow()) - OUTBOX_GRACE_MICROS for t in outbox.values())
         for s in keys.steps:
             if (item := found.get((pk, step_sk(s)))) is not None:
@@ -237,6 +240,11 @@ class AWSAppend:
         world = self.world
         now = ids.utcnow()
         records = [Record.of(d, now) for d in request.deliveries]
+        if tx.pending_wake is not None:  # the run has a wake-up queued that no worker took yet: it reads this too
+            kept = [r for r in records if not is_wake(r)]
+            tx.dropped_wake, records = len(kept) < len(records), kept
+        else:
+            records = [replace(r, marked=True) if is_wake(r) else r for r in records]
         expiry = world.expiry_record(plan) if plan.run_ended else None
         actions, cleanup = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
         ack_index = None
@@ -491,6 +499,14 @@ class AWSAppend:
             condition = f"{name('event_count')} = {value({'N': str(plan.events[0].slot - 1)})}"
         for record in records:
             sets.append(f"{name('outbox')}.{name(record.id)} = {value({'N': str(ids.to_micros(ids.utcnow()))})}")
+        # a wake-up is queued only while none is: the append that queues one marks the run, one that leaves its own
+        # out holds only while the mark is the one it read (the claim that clears it comes before the log is read)
+        wake = next((r for r in records if is_wake(r)), None)
+        if wake is not None:
+            sets.append(f"{name('pending_wake')} = {value({'S': wake.id})}")
+            condition = f"({condition}) AND attribute_not_exists({name('pending_wake')})"
+        elif tx.dropped_wake:
+            condition = f"({condition}) AND {name('pending_wake')} = {value({'S': tx.pending_wake})}"
         adds, deletes = self._schedules(tx, plan, records, sets=sets, removes=removes, name=name, value=value)
         if not sets and not removes and not adds and not deletes:
             sets.append(f"{name('run_id')} = {value({'S': run.run_id})}")
@@ -541,6 +557,11 @@ class AWSAppend:
         if acked:
             return [], [f"{name('schedules')} {value({'SS': sorted(acked)})}"]
         return [], []
+
+
+def is_wake(record: Record) -> bool:
+    """A run's wake-up due now (idempotency key ``wake``): one queued and unclaimed stands for any other."""
+    return record.idempotency_key == WAKE_KEY and record.run_id is not None
 
 
 def transaction_size(actions: list[dict[str, Any]]) -> int:

@@ -60,6 +60,9 @@ log = logging.getLogger("celery_workflow.aws")
 
 #: Marks a message body as ours (its value is the body format's version).
 BODY_KEY = "celery_workflow"
+#: The idempotency key of a run's wake-up due now: the run's ``META`` names the one queued and unclaimed
+#: (``pending_wake``), and appends queue no other meanwhile (:mod:`celery_workflow._aws.append`).
+WAKE_KEY = "wake"
 #: A message that arrives at most this early is delivered anyway (SQS delays are whole seconds).
 EARLY_TOLERANCE = timedelta(seconds=1)
 MAX_VISIBILITY = 12 * 3600
@@ -77,6 +80,7 @@ class Record:
     kind: str = "delivery"
     claim: int = 0
     idempotency_key: str | None = None
+    marked: bool = False  # a wake-up its run's META names as pending (``pending_wake``): its claim clears that
 
     @classmethod
     def of(cls, delivery: Delivery, now: datetime) -> Record:
@@ -100,6 +104,7 @@ class Record:
                 "kind": self.kind,
                 "claim": self.claim,
                 "idempotency_key": self.idempotency_key,
+                "marked": self.marked or None,
                 "created_at": ids.to_micros(ids.utcnow()),
             }
         )
@@ -111,7 +116,7 @@ class Record:
         return cls(
             str(v["id"]), str(v["queue"]), payload, v.get("run_id"),
             ids.from_micros(int(v["due"])), str(v.get("kind", "delivery")), int(v.get("claim", 0)),
-            v.get("idempotency_key"),
+            v.get("idempotency_key"), bool(v.get("marked")),
         )  # fmt: skip
 
     def body(self) -> str:
@@ -340,8 +345,24 @@ class SQSQueue:
             return None
         if receive_count > 1 and record.run_id is not None:
             self.republish(record.run_id)
+        if record.marked:
+            self.unmark_wake(record)
         receipt = Receipt(queue, record.id, record.claim, handle)
         return ClaimedDelivery(str(receipt), queue, record.payload, receive_count, record.run_id)
+
+    def unmark_wake(self, record: Record) -> None:
+        """The run's wake-up is taken: the next append that wakes the run queues one again. Done before the delivery
+        reads the run's log, so whatever an append finds this mark on, that read sees."""
+        try:
+            self.table.update(
+                "UpdateItem (wake taken)",
+                Key={"pk": {"S": run_pk(record.run_id or "")}, "sk": {"S": META}},
+                UpdateExpression="REMOVE pending_wake",
+                ConditionExpression="pending_wake = :id",
+                ExpressionAttributeValues={":id": {"S": record.id}},
+            )
+        except ConditionFailed:
+            pass  # another wake-up's mark, or none (the run's first delivery; a redelivery)
 
     def defer(self, record: Record, due: datetime) -> None:
         """Keep a claimed record for later: make it due at ``due`` and send its message again (an expiry that came

@@ -18,6 +18,7 @@ from celery_workflow.events import EventType, RunStatus
 from celery_workflow.runtime.context import gather
 from celery_workflow.testing._conformance import create, ev, hook_created, step_created, unique
 from celery_workflow.testing.driver import LocalWorker
+from celery_workflow.world import Delivery
 from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
 
@@ -109,3 +110,38 @@ def test_a_gather_over_4_mb_is_split_by_the_runtime(world: AWSWorld) -> None:
     assert view.status is RunStatus.COMPLETED, view.error
     assert run.result(timeout=0) == 14 * 150_000
     wf.close()
+
+
+def _wakes(world: AWSWorld, aws: Aws) -> list[bytes]:
+    """The payloads of the wake-ups queued (claimed or not) on the default queue, received as a worker would."""
+    got: list[bytes] = []
+    while claimed := world.claim(["celery"], limit=10, lease=60):
+        got += [c.payload for c in claimed]
+    return got
+
+
+def test_a_run_has_one_wake_up_queued_at_a_time(world: AWSWorld, aws: Aws) -> None:
+    """Standard SQS does not deduplicate: each step result of a fan-out queued a wake-up, and each replayed the run
+    from its whole log (N replays of an O(N) log). A wake-up queued and not yet taken stands for the next ones."""
+    run = create(world, started=True)
+    steps = [step_created(f"step:s:{i}") for i in range(1, 6)]
+    world.append(run.run_id, steps)
+
+    def result(i: int) -> None:
+        world.append(
+            run.run_id,
+            [ev(EventType.STEP_STARTED, f"step:s:{i}"), ev(EventType.STEP_COMPLETED, f"step:s:{i}", result=i)],
+            deliveries=[Delivery("celery", f"wake {i}".encode(), run.run_id, idempotency_key="wake")],
+        )
+
+    result(1)
+    result(2)
+    result(3)
+    assert _wakes(world, aws) == [b"wake 1"]  # taken: the next result queues one again
+    result(4)
+    result(5)
+    assert _wakes(world, aws) == [b"wake 4"]
+    # other keys are not folded: a timer, a step's delivery
+    world.append(run.run_id, [], deliveries=[Delivery("celery", b"timer", run.run_id, idempotency_key="timer:1")])
+    world.append(run.run_id, [], deliveries=[Delivery("celery", b"timer", run.run_id, idempotency_key="timer:1")])
+    assert _wakes(world, aws) == [b"timer", b"timer"]
