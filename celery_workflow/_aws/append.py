@@ -308,7 +308,7 @@ class AWSAppend:
                     pass  # another run's hook owns the token now
         plain = [d["Delete"]["Key"] for d in deletes if "Delete" in d and "ConditionExpression" not in d["Delete"]]
         if plain:
-            table.delete_many(plain)
+            table.delete_each(plain)
         for d in deletes:
             action = d.get("Delete")
             if action is None or "ConditionExpression" not in action:

@@ -125,7 +125,7 @@ class Schedules:
             for record in pending:
                 for claim in sorted({0, record.claim}):
                     self.delete(schedule_name(record.id, claim))
-            table.delete_many([{"pk": {"S": queue_pk(r.id)}, "sk": {"S": META}} for r in pending])
+            table.delete_each([{"pk": {"S": queue_pk(r.id)}, "sk": {"S": META}} for r in pending])
         except (WorldError, ConfigurationError) as exc:
             log.warning("run %s ended: cannot delete the schedules of its pending deliveries: %s", run_id, exc)
             return 0
