@@ -26,6 +26,17 @@ from celery_workflow.testing import LocalWorker
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
 
 
+def injected_error(code: str, reasons: list[str] | None = None) -> tuple[AWSResponse, dict[str, Any]]:
+    """A DynamoDB error answer in place of the request (``reasons``: a cancelled transaction's, per action)."""
+    parsed: dict[str, Any] = {
+        "Error": {"Code": code, "Message": f"injected {code}"},
+        "ResponseMetadata": {"HTTPStatusCode": 400},
+    }
+    if reasons is not None:
+        parsed["CancellationReasons"] = [{"Code": r} for r in reasons]
+    return AWSResponse("https://dynamodb.invalid/", 400, {}, None), parsed
+
+
 class Injector:
     """Answers chosen DynamoDB calls with an error instead of sending them."""
 
@@ -49,13 +60,7 @@ class Injector:
     def _error(self, name: str, code: str, reasons: list[str] | None = None) -> tuple[AWSResponse, dict[str, Any]]:
         with self.lock:
             self.injected[name] = self.injected.get(name, 0) + 1
-        parsed: dict[str, Any] = {
-            "Error": {"Code": code, "Message": f"injected {code}"},
-            "ResponseMetadata": {"HTTPStatusCode": 400},
-        }
-        if reasons is not None:
-            parsed["CancellationReasons"] = [{"Code": r} for r in reasons]
-        return AWSResponse("https://dynamodb.invalid/", 400, {}, None), parsed
+        return injected_error(code, reasons)
 
 
 @pytest.fixture
@@ -116,13 +121,7 @@ class Scripted:
         if not self.errors:
             return None
         code, reasons = self.errors.pop(0)
-        parsed: dict[str, Any] = {
-            "Error": {"Code": code, "Message": f"injected {code}"},
-            "ResponseMetadata": {"HTTPStatusCode": 400},
-        }
-        if reasons is not None:
-            parsed["CancellationReasons"] = [{"Code": r} for r in reasons]
-        return AWSResponse("https://dynamodb.invalid/", 400, {}, None), parsed
+        return injected_error(code, reasons)
 
 
 def _scripted(aws: Aws, operation: str, errors: list[tuple[str, list[str] | None]]) -> Scripted:
