@@ -288,6 +288,35 @@ def append_limits(world: object) -> AppendLimits:
     return declared if isinstance(declared, AppendLimits) else NO_APPEND_LIMITS
 
 
+@runtime_checkable
+class WakeHolds(Protocol):
+    """An optional part of a World whose queue does not deduplicate a run's wake-ups (standard SQS; the AWS World).
+
+    While one delivery writes a batch split into several appends (a wide fan-out), the steps of its first appends
+    already run and their results wake the run: a second delivery would replay beside the writer, meet creations not
+    yet written, and the two would restart each other from the whole log until the writer is done. A held run's
+    appends queue no wake-up: the holding delivery reads the log again before it is done (its last append is
+    conditioned on the event count, and a result caught up with between two appends makes its replay restart).
+    """
+
+    def hold_wakes(self, run_id: str, receipt: str) -> bool:
+        """Hold ``run_id``'s wake-ups for the claimed delivery ``receipt`` until the append that acks it, a
+        :meth:`release_wakes`, or the next claim of that delivery (a redelivery after its writer died), whichever
+        comes first. False (nothing held) when another wake-up of the run is queued and not yet taken, or the
+        receipt is not this World's or no longer the delivery's current claim."""
+        ...
+
+    def release_wakes(self, run_id: str, receipt: str) -> None:
+        """End a hold of :meth:`hold_wakes` before the holding delivery reads the log again (a write that failed
+        between two appends); nothing when the hold is over already."""
+        ...
+
+
+def wake_holds(world: object) -> WakeHolds | None:
+    """``world`` when it holds wake-ups (:class:`WakeHolds`), else None."""
+    return world if isinstance(world, WakeHolds) else None
+
+
 class Upkeep(Protocol):
     """Background work a World runs while a worker lives (e.g. retention sweeps); stopped at worker shutdown."""
 

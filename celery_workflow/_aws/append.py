@@ -130,6 +130,7 @@ class _Tx:
     schedules: set[str] = field(default_factory=set)  # the run's records delivered through the Scheduler (META)
     pending_wake: str | None = None  # the run's queued, unclaimed wake-up (META ``pending_wake``), if any
     dropped_wake: bool = False  # this append's wake-up is left out for it
+    holding: bool = False  # the acked delivery is the one ``pending_wake`` names: the append ends its hold
 
 
 def update_action(table: str, key: dict[str, str], values: dict[str, Any], condition: str) -> dict[str, Any]:
@@ -240,7 +241,9 @@ class AWSAppend:
         world = self.world
         now = ids.utcnow()
         records = [Record.of(d, now) for d in request.deliveries]
-        if tx.pending_wake is not None:  # the run has a wake-up queued that no worker took yet: it reads this too
+        # the acked delivery held the run's wake-ups (a split write, World.hold_wakes): this commit ends the hold
+        tx.holding = tx.ack is not None and tx.pending_wake == tx.ack.id
+        if tx.pending_wake is not None and not tx.holding:  # a wake-up queued that no worker took yet reads this too
             kept = [r for r in records if not is_wake(r)]
             tx.dropped_wake, records = len(kept) < len(records), kept
         else:
@@ -501,12 +504,21 @@ class AWSAppend:
             sets.append(f"{name('outbox')}.{name(record.id)} = {value({'N': str(ids.to_micros(ids.utcnow()))})}")
         # a wake-up is queued only while none is: the append that queues one marks the run, one that leaves its own
         # out holds only while the mark is the one it read (the claim that clears it comes before the log is read)
+        # (a delivery that held the run's wake-ups ends the hold with its ack, on the condition that it still holds)
         wake = next((r for r in records if is_wake(r)), None)
+
+        def still() -> str:  # the mark is still the one read
+            return f"{name('pending_wake')} = {value({'S': str(tx.pending_wake)})}"
+
         if wake is not None:
             sets.append(f"{name('pending_wake')} = {value({'S': wake.id})}")
-            condition = f"({condition}) AND attribute_not_exists({name('pending_wake')})"
+            free = still() if tx.holding else f"attribute_not_exists({name('pending_wake')})"
+            condition = f"({condition}) AND {free}"
         elif tx.dropped_wake:
-            condition = f"({condition}) AND {name('pending_wake')} = {value({'S': tx.pending_wake})}"
+            condition = f"({condition}) AND {still()}"
+        elif tx.holding:
+            removes.append(name("pending_wake"))
+            condition = f"({condition}) AND {still()}"
         adds, deletes = self._schedules(tx, plan, records, sets=sets, removes=removes, name=name, value=value)
         if not sets and not removes and not adds and not deletes:
             sets.append(f"{name('run_id')} = {value({'S': run.run_id})}")

@@ -43,7 +43,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
-from celery_workflow._aws.dynamo import ConditionFailed, Table
+from celery_workflow._aws.dynamo import Cancelled, ConditionFailed, Table
 from celery_workflow._aws.items import from_item, to_item
 from celery_workflow._aws.schedules import schedule_name
 from celery_workflow._aws.table import META, queue_pk, run_pk
@@ -363,6 +363,53 @@ class SQSQueue:
             )
         except ConditionFailed:
             pass  # another wake-up's mark, or none (the run's first delivery; a redelivery)
+
+    def hold_wakes(self, run_id: str, receipt: str) -> bool:
+        """Hold the run's wake-ups for a claimed delivery writing a split batch (``World.hold_wakes``): its record
+        becomes the run's ``pending_wake``, so appends leave their wake-ups out, and is ``marked``, so its next claim
+        (a redelivery after its writer died) ends the hold as any taken wake-up's does; the append that acks it ends
+        the hold in its transaction (:mod:`celery_workflow._aws.append`). One transaction, both conditioned: the run
+        has no other wake-up pending, and the claim is still the record's."""
+        try:
+            r = Receipt.parse(receipt)
+        except WorldError:
+            return False
+        table = self.table.name
+        try:
+            self.table.transact("TransactWriteItems (hold wake-ups)", [
+                {"Update": {
+                    "TableName": table, "Key": {"pk": {"S": run_pk(run_id)}, "sk": {"S": META}},
+                    "UpdateExpression": "SET pending_wake = :id",
+                    "ConditionExpression": "attribute_exists(pk) AND"
+                                           " (attribute_not_exists(pending_wake) OR pending_wake = :id)",
+                    "ExpressionAttributeValues": {":id": {"S": r.id}},
+                }},
+                {"Update": {
+                    "TableName": table, "Key": {"pk": {"S": queue_pk(r.id)}, "sk": {"S": META}},
+                    "UpdateExpression": "SET marked = :yes", "ConditionExpression": "claim = :claim",
+                    "ExpressionAttributeValues": {":yes": {"BOOL": True}, ":claim": {"N": str(r.claim)}},
+                }},
+            ])  # fmt: skip
+        except Cancelled:
+            return False
+        return True
+
+    def release_wakes(self, run_id: str, receipt: str) -> None:
+        """End a hold of :meth:`hold_wakes` (nothing when it is over: acked, claimed again, or never held)."""
+        try:
+            record_id = Receipt.parse(receipt).id
+        except WorldError:
+            return
+        try:
+            self.table.update(
+                "UpdateItem (release wake-ups)",
+                Key={"pk": {"S": run_pk(run_id)}, "sk": {"S": META}},
+                UpdateExpression="REMOVE pending_wake",
+                ConditionExpression="pending_wake = :id",
+                ExpressionAttributeValues={":id": {"S": record_id}},
+            )
+        except ConditionFailed:
+            pass
 
     def defer(self, record: Record, due: datetime) -> None:
         """Keep a claimed record for later: make it due at ``due`` and send its message again (an expiry that came

@@ -364,6 +364,13 @@ class AWSWorld(TemplateWorld, StoreStreams):
     def extend(self, receipts: Sequence[str], lease: float) -> None:
         self.queue.set_visibility(receipts, lease)
 
+    def hold_wakes(self, run_id: str, receipt: str) -> bool:
+        """``WakeHolds``: standard SQS does not deduplicate a run's wake-ups (see :meth:`SQSQueue.hold_wakes`)."""
+        return self.queue.hold_wakes(run_id, receipt)
+
+    def release_wakes(self, run_id: str, receipt: str) -> None:
+        self.queue.release_wakes(run_id, receipt)
+
     # -- retention -----------------------------------------------------------------------------------------------
 
     def expiry_record(self, plan: rules.Plan) -> Record | None:

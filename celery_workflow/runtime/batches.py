@@ -23,16 +23,24 @@ those creations before it waited on anything it had not seen), the append is mad
 else (a creation, a run's end: another delivery of the run at work) raises :class:`~celery_workflow.errors.StaleLog`,
 and the caller replays from the log, where the appends already written stay. The events returned then have a gap
 (the other writer's events are not among them), which tells a replay to read the log again.
+
+On a World whose queue does not deduplicate a run's wake-ups (:class:`~celery_workflow.world.WakeHolds`: standard
+SQS), a split write that acks its delivery holds the run's wake-ups from its first append to its last (which ends the
+hold in its own transaction): the results of the steps its first appends created wake no second delivery of the run
+to replay beside it (both would restart each other from the whole log). The writer reads them itself: a result caught
+up with between two appends makes its replay restart. A write that fails in between ends the hold before the replay
+reads the log again; a writer that dies leaves it to its delivery's next claim.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 
-from celery_workflow.errors import StaleLog
+from celery_workflow.errors import StaleLog, WorldError
 from celery_workflow.events import Event, EventType, NewEvent
-from celery_workflow.world import AppendLimits, Delivery, World, append_limits
+from celery_workflow.world import AppendLimits, Delivery, World, append_limits, wake_holds
 
 __all__ = ["MAX_CATCH_UPS", "TOLERATED", "Chunk", "append_split", "split", "step_key"]
 
@@ -152,8 +160,30 @@ def append_split(
     errors are raised as they are (StaleLog from the first append: the caller's view of the log is stale).
     """
     chunks = split(events, deliveries, append_limits(world))
+    holds = wake_holds(world) if len(chunks) > 1 and ack is not None else None
+    held = holds is not None and ack is not None and holds.hold_wakes(run_id, ack)
+    try:
+        return _append_chunks(
+            world, run_id, chunks, expected=expected_count, ack=ack, durable=durable, last_durable=last_durable
+        )
+    except BaseException:
+        if held and holds is not None and ack is not None:  # before the replay reads the log again
+            with suppress(WorldError):  # else the delivery is retried, and its next claim ends the hold
+                holds.release_wakes(run_id, ack)
+        raise
+
+
+def _append_chunks(
+    world: World,
+    run_id: str,
+    chunks: list[Chunk],
+    *,
+    expected: int | None,
+    ack: str | None,
+    durable: bool,
+    last_durable: bool,
+) -> list[Event]:
     written: list[Event] = []
-    expected = expected_count
     for i, chunk in enumerate(chunks):
         last = i == len(chunks) - 1
         catch_ups = 0

@@ -6,19 +6,22 @@ run with more waits and hooks than fit beside its end could never end (its clean
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from celery import Celery
 
 from celery_workflow import Workflows
 from celery_workflow._aws.append import MAX_TRANSACTION_BYTES, transaction_size
+from celery_workflow._aws.items import from_item
+from celery_workflow._aws.table import META, run_pk
 from celery_workflow.errors import EventInvalid, EventTooLarge, HookNotFound
-from celery_workflow.events import EventType, RunStatus
+from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.runtime.context import gather
 from celery_workflow.testing._conformance import create, ev, hook_created, step_created, unique
-from celery_workflow.testing.driver import LocalWorker
-from celery_workflow.world import Delivery
+from celery_workflow.testing.driver import LocalWorker, decode_task
+from celery_workflow.world import AppendResult, Claim, ClaimedDelivery, Delivery
 from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
 
@@ -145,3 +148,110 @@ def test_a_run_has_one_wake_up_queued_at_a_time(world: AWSWorld, aws: Aws) -> No
     world.append(run.run_id, [], deliveries=[Delivery("celery", b"timer", run.run_id, idempotency_key="timer:1")])
     world.append(run.run_id, [], deliveries=[Delivery("celery", b"timer", run.run_id, idempotency_key="timer:1")])
     assert _wakes(world, aws) == [b"timer", b"timer"]
+
+
+class _Died(BaseException):
+    """The writing worker's process ends here (nothing after it runs, nothing is released)."""
+
+
+def _fan_out(world: AWSWorld, name: str) -> tuple[Workflows, Any, LocalWorker]:
+    wf = Workflows(Celery(name), world=world, configure_broker=False)
+
+    @wf.step
+    def one(i: int) -> int:
+        return i
+
+    @wf.workflow
+    def fan(n: int) -> int:
+        return sum(gather(*[one.start(i) for i in range(n)]))
+
+    return wf, fan, LocalWorker(wf, backoff=lambda attempts: 0.05)
+
+
+def _results_after_first_append(
+    world: AWSWorld, worker: LocalWorker, run_id: str, monkeypatch: pytest.MonkeyPatch, *, then: BaseException | None
+) -> list[str]:
+    """Patch ``world.append`` so that right after the first append of the run's fan-out, three of the steps it created
+    run on "other workers" (their results wake the run) while the writer goes on with its next appends (or dies,
+    ``then``). The list returned gets the step ids that ran."""
+    append = world.append
+    ran: list[str] = []
+
+    def append_then_results(run: str, events: Sequence[NewEvent], **kwargs: Any) -> AppendResult:
+        result = append(run, events, **kwargs)
+        if run == run_id and not ran and any(e.event_type is EventType.STEP_CREATED for e in events):
+            for claimed in world.claim(["celery"], limit=3, lease=60):
+                task = decode_task(claimed.payload)
+                assert task.name.startswith("step."), task
+                ran.append(str(task.args))
+                worker.handle(claimed)
+            assert ran
+            if then is not None:
+                raise then
+        return result
+
+    monkeypatch.setattr(world, "append", append_then_results)
+    return ran
+
+
+def _drain(world: AWSWorld) -> list[ClaimedDelivery]:
+    got: list[ClaimedDelivery] = []
+    while claimed := world.claim(["celery"], limit=10, lease=60):
+        got += claimed
+    return got
+
+
+def _workflow_deliveries(claimed: Sequence[ClaimedDelivery]) -> list[str]:
+    return [t.name for t in map(decode_task, (c.payload for c in claimed)) if not t.name.startswith("step.")]
+
+
+def test_a_split_fan_out_holds_the_run_wake_ups_until_its_last_append(
+    world: AWSWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the first delivery writes a fan-out of 100 steps in four appends, the steps of its first append run and
+    their results wake the run: on standard SQS a second delivery then replayed beside the writer, met creations not
+    yet written, wrote them itself, and both restarted from the whole log over and over (1,000 steps on moto: two
+    deliveries replayed 14 times each over 33 s). The writer holds the run's wake-ups from its first append to its
+    last and reads the results itself; nothing is lost (issue #26, item 4)."""
+    wf, fan, worker = _fan_out(world, "awshold")
+    run = fan.start(100)
+    (opening,) = world.claim(["celery"], limit=1, lease=60)
+    ran = _results_after_first_append(world, worker, run.id, monkeypatch, then=None)
+    assert worker.handle(opening) == "suspended"
+    assert len(ran) == 3
+    monkeypatch.undo()
+    queued = _drain(world)
+    assert _workflow_deliveries(queued) == []  # no second delivery of the run to replay beside the writer
+    assert "pending_wake" not in from_item(world.table.get({"pk": run_pk(run.id), "sk": META}) or {})
+    for claimed in queued:
+        world.release(claimed.receipt)
+    view = worker.run_until_complete(run, timeout=120)
+    assert view.status is RunStatus.COMPLETED, view.error
+    assert run.result(timeout=0) == sum(range(100))
+    wf.close()
+
+
+def test_a_writer_that_dies_mid_split_strands_nothing(world: AWSWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer of a split fan-out dies after its first append (results of its steps already in, their wake-ups
+    held for it): its delivery comes back after its lease, whose claim ends the hold; it writes the rest, and the run
+    completes with every step created once and run once."""
+    wf, fan, worker = _fan_out(world, "awsholddies")
+    run = fan.start(100)
+    (opening,) = world.claim(["celery"], limit=1, lease=60)
+    _results_after_first_append(world, worker, run.id, monkeypatch, then=_Died())
+    monkeypatch.setattr(world, "release_wakes", lambda run_id, receipt: None)  # a dead process releases nothing
+    with pytest.raises(_Died):
+        wf.handle_delivery(opening.payload, Claim(opening.receipt, opening.attempts))
+    monkeypatch.undo()
+    queued = _drain(world)
+    assert _workflow_deliveries(queued) == []  # held for the writer
+    world.release(opening.receipt)  # its lease ends: SQS delivers it again
+    for claimed in queued:
+        world.release(claimed.receipt)
+    view = worker.run_until_complete(run, timeout=120)
+    assert view.status is RunStatus.COMPLETED, view.error
+    assert run.result(timeout=0) == sum(range(100))
+    created = [e.correlation_id for e in world.list_events(run.id) if e.event_type is EventType.STEP_CREATED]
+    assert len(created) == len(set(created)) == 100
+    started = [e.correlation_id for e in world.list_events(run.id) if e.event_type is EventType.STEP_STARTED]
+    assert sorted(started) == sorted(created)  # each step ran once
