@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -94,6 +95,7 @@ class Listener:
         self._ready = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._lock_key: int | None = None
+        self._watchers: tuple[Callable[[str | None, str | None], None], ...] = ()
         self._wake_r, self._wake_w = socket.socketpair()  # a new channel wanted: the thread listens on it at once
         self._wake_r.setblocking(False)
         self._thread = threading.Thread(target=self._loop, name="celery_workflow-listener", daemon=True)
@@ -140,6 +142,24 @@ class Listener:
     def poke(self, channel: str, key: str | None = None) -> None:
         """Wake this process's waiters on ``channel`` (and ``key``) as a notification would, without a round trip."""
         self._record(channel, key or "")
+
+    def watch(self, heard: Callable[[str | None, str | None], None]) -> None:
+        """Call ``heard(channel, key)`` on the listener's thread after each notification (or poke) is counted, and
+        ``heard(None, None)`` when every waiter must check again (a new connection): how a transport on Celery's
+        event loop wakes its hub. ``heard`` must be quick and must not raise."""
+        with self._cond:
+            self._watchers = (*self._watchers, heard)
+
+    def unwatch(self, heard: Callable[[str | None, str | None], None]) -> None:
+        with self._cond:
+            self._watchers = tuple(w for w in self._watchers if w is not heard)
+
+    def _tell(self, channel: str | None, key: str | None) -> None:
+        for heard in self._watchers:  # outside the lock: a watcher may mark or wait
+            try:
+                heard(channel, key)
+            except Exception:  # pragma: no cover - a watcher's bug must not stop the listener
+                log.exception("Postgres listener: a watcher failed")
 
     def carried(self, channel: str, key: str) -> str | None:
         """What the last notification on ``channel`` for ``key`` carried after its key (None: nothing, or not
@@ -239,6 +259,8 @@ class Listener:
             if lost:
                 self._epoch += 1
             self._cond.notify_all()
+        if lost:
+            self._tell(None, None)
 
     def _drain_nudges(self) -> None:
         try:
@@ -259,14 +281,18 @@ class Listener:
             if reconnected:
                 self._epoch += 1
             self._cond.notify_all()
+        if reconnected:
+            self._tell(None, None)
 
     def _record(self, channel: str, payload: str) -> None:
+        forgot = False
         with self._cond:
             if len(self._generations) > _MAX_KEYS:
                 # bounded memory in long-lived workers: forget per-payload counters; the new epoch wakes every
                 # waiter, which re-checks the database (a spurious wake-up, never a missed one)
                 self._generations = {k: v for k, v in self._generations.items() if k[1] is None}
                 self._epoch += 1
+                forgot = True
             key, _, carried = payload.partition("\n")
             for counted in ((channel, None), (channel, key)):
                 self._generations[counted] = self._generations.get(counted, 0) + 1
@@ -275,3 +301,7 @@ class Listener:
             else:
                 self._carried.pop((channel, key))  # the last notification of the key carried nothing
             self._cond.notify_all()
+        if forgot:
+            self._tell(None, None)
+        else:
+            self._tell(channel, key)

@@ -34,13 +34,16 @@ and Flower work on it (reference: ``celery-kombu.md`` §1.3, §2, §3.3, §7):
   refresh their queues every ``heartbeat_interval`` (at most a quarter of the shortest ``x-expires``) and
   :meth:`BrokerStore.gc` (every ``gc_interval``) collects unused queues, auto_delete queues of dead consumers and
   expired messages; a consumed queue that was collected anyway (its process stalled) is declared and bound again.
-* **Wake-ups.** ``drain_events`` asks the store (:meth:`BrokerStore.poll`: claim the oldest due message of the
-  consumable queues of every channel, and learn each queue's next due time) only when something may have changed
-  since the last poll: a change notification for a consumed queue (or any change, for a store without per-queue
-  notifications), new prefetch room, a queue's due time reached, or ``polling_interval`` passed. In between it
-  waits on the change token taken just before the last poll, so a change during or after that poll is never missed;
-  a transport whose store can wait per queue (Postgres LISTEN/NOTIFY) overrides
-  :meth:`StoreTransport.change_token`. Never a blind sleep.
+* **Wake-ups.** In a Celery worker the transport runs on Celery's event loop (``implements.asynchronous``: Celery's
+  ``asynloop`` and its own prefork pool): :meth:`StoreTransport.register_with_event_loop` adds a wake-up pipe and
+  timers to the hub, and claims run on the hub's thread when a change notification for a consumed queue arrives (the
+  Postgres listener, a thread watching SQLite's ``PRAGMA data_version``, the SQS receivers), an ack frees prefetch
+  room, a queue's due time comes, or ``polling_interval`` passes (:mod:`~celery_workflow.transport.eventloop`).
+  Elsewhere (clients, gevent/eventlet workers) ``drain_events`` blocks: it asks the store (:meth:`BrokerStore.poll`:
+  claim the oldest due message of the consumable queues of every channel, and learn each queue's next due time) only
+  when one of the same things happened since the last poll, waiting in between on the change token taken just
+  before the last poll, so a change during or after that poll is never missed; a transport whose store can wait per
+  queue (Postgres LISTEN/NOTIFY) overrides :meth:`StoreTransport.change_token`. Never a blind sleep.
 
 Transport options: ``lease_seconds`` (60), ``polling_interval`` (1.0), ``heartbeat_interval`` (5.0),
 ``gc_interval`` (10.0), ``consumer_timeout`` (60.0: a consumer silent that long is considered dead).
@@ -54,7 +57,6 @@ import logging
 import math
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -66,8 +68,8 @@ from kombu.transport import virtual as _virtual
 from celery_workflow import dead_letters
 from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetter
 from celery_workflow.errors import WorldError
-from celery_workflow.transport import pool_hook as _pool_hook
 from celery_workflow.transport.channel import StoreChannel
+from celery_workflow.transport.eventloop import ChangeWaiter, HubConsumer, worker_stopping
 from celery_workflow.transport.store import (
     BACKOFF_CAP,
     BindingRow,
@@ -89,6 +91,7 @@ __all__ = [
     "decode_claims",
     "dumps",
     "message_due",
+    "worker_stopping",
 ]
 
 logger = logging.getLogger(__name__)
@@ -146,21 +149,10 @@ def announce_dead_letter(channel: StoreChannel, letter: DeadLetter) -> None:
     channel.basic_publish(message, exchange=EVENT_EXCHANGE, routing_key="task.rejected")
 
 
-def worker_stopping() -> bool:
-    """Whether a Celery worker in this process was asked to stop (SIGTERM, SIGQUIT, ``celery control shutdown``).
-
-    Celery's signal handlers only set a flag, which its blocking loop reads between ``drain_events`` calls (each up
-    to 2 s). A transport waiting on its store reads the flag too and returns early, so a warm shutdown starts at
-    once. Read through ``sys.modules``: the transport does not import Celery, and outside a worker this is False."""
-    state = sys.modules.get("celery.worker.state")
-    if state is None:
-        return False
-    flags = (getattr(state, "should_stop", None), getattr(state, "should_terminate", None))
-    return any(flag is not None and flag is not False for flag in flags)  # EX_OK is 0: a stop, though falsy
-
-
 class StoreTransport(_VirtualTransport):  # type: ignore[misc]
-    """A synchronous (synloop) virtual transport whose state lives in a :class:`BrokerStore`.
+    """A virtual transport whose state lives in a :class:`BrokerStore`, on Celery's event loop in a worker
+    (:meth:`register_with_event_loop`, :mod:`~celery_workflow.transport.eventloop`) and blocking in
+    :meth:`drain_events` everywhere else (clients, gevent/eventlet workers, which run Celery's ``synloop``).
 
     Subclasses implement :meth:`open_store` and set ``driver_type`` / ``driver_name``.
     """
@@ -168,7 +160,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
     Channel = StoreChannel
 
     implements = _VirtualTransport.implements.extend(
-        asynchronous=False,
+        asynchronous=True,
         exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
@@ -212,6 +204,7 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         self._held_backoff = 0.0  # the pause before polling again a queue whose due message could not be claimed
         self._token: Any = None  # the change token taken just before the last poll
         self._world: Any = None  # see world()
+        self._hub: HubConsumer | None = None  # on Celery's event loop: see register_with_event_loop
 
     def open_store(self) -> BrokerStore:
         """The store for ``self.client`` (its URL is ``self.client.hostname`` when ``can_parse_url``)."""
@@ -227,7 +220,35 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         self.store  # noqa: B018 - open (and migrate) now, so a bad URL is a connection error
         return super().establish_connection()
 
-    # -- event loop ----------------------------------------------------------------------------------------------
+    # -- Celery's event loop (kombu's hub) -------------------------------------------------------------------------
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Celery's consumer hands its hub over when it connects: claims run on the hub's thread from now on, woken
+        as :mod:`~celery_workflow.transport.eventloop` describes."""
+        if self._hub is not None:
+            self._hub.close()
+        self._hub = HubConsumer(self, loop)
+
+    def on_readable(self, fileno: int) -> None:
+        """The hub's reader callback (kombu's name for it): the wake-up pipe was written to."""
+        if self._hub is not None:
+            self._hub.on_readable(fileno)
+
+    def wake(self) -> None:
+        """Have the consumer look at its queues again soon (any thread): an ack or reject freed prefetch room. On the
+        hub, through its wake-up pipe; a blocked :meth:`drain_events` notices by itself (a subclass may do more)."""
+        if self._hub is not None:
+            self._hub.wake()
+
+    def watch_changes(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` (from any thread) whenever the store may have changed for this transport's consumers; return
+        what stops it. Here a thread waits on the store's change token (:class:`ChangeWaiter`: SQLite's
+        ``PRAGMA data_version``); a store that can call back (the Postgres listener, the SQS receivers) overrides."""
+        waiter = ChangeWaiter(self.store, wake, STOP_CHECK)
+        waiter.start()
+        return waiter.stop
+
+    # -- blocking loop (synloop, clients) ---------------------------------------------------------------------------
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:
         """Deliver one message; wait for store changes (bounded by due times) until ``timeout`` (socket.timeout).
@@ -427,6 +448,9 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
                 self._quietly("extend leases", self.store.extend, receipts, self.lease_seconds)
 
     def close_connection(self, connection: Any) -> None:
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            hub.close()
         self._keeper_stop.set()
         world, self._world = self._world, None
         if world is not None:
@@ -440,7 +464,3 @@ class StoreTransport(_VirtualTransport):  # type: ignore[misc]
         except WorldError as exc:
             logger.warning("broker maintenance: cannot %s (will retry): %s", what, exc)
             return None
-
-
-# a worker on these transports runs the prefork pool that survives a child dying with a pipe lock
-_pool_hook.connect()

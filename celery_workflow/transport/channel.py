@@ -187,7 +187,8 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
 
     def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
         """Delete the message (stale receipts change nothing), then forget it; a message whose body could not be
-        decoded is moved to the dead letters instead (Celery acks those: see :class:`StoreMessage`)."""
+        decoded is moved to the dead letters instead (Celery acks those: see :class:`StoreMessage`). The consumer is
+        woken: the ack freed prefetch room (:meth:`_wake`)."""
         held = self._claim(delivery_tag)
         try:
             if held is not None:
@@ -198,6 +199,22 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
                     self._undecodable_letter(held, delivery_tag, why)
         finally:
             super().basic_ack(delivery_tag, multiple)
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake this connection's consumer (an ack, a reject or a new prefetch count changed its room). Acks come
+        from any thread (the pool's with ``--pool=threads``), so every one wakes it, not only one that frees a full
+        window as seen from the acking thread: a window judged not full before the ack could be full a moment later
+        in the consumer's eyes."""
+        transport = self.connection  # None once the channel is closed (e.g. an ack after a lost connection)
+        if transport is not None and self._consumers:
+            transport.wake()
+
+    def basic_qos(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().basic_qos(*args, **kwargs)
+        finally:
+            self._wake()
 
     def _undecodable_letter(self, held: Claim, delivery_tag: Any, why: str) -> None:
         try:
@@ -229,6 +246,7 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
                     self._reject(held, delivery_tag)
         finally:
             super().basic_reject(delivery_tag, requeue=False)
+            self._wake()
 
     def _reject(self, held: Claim, delivery_tag: Any) -> None:
         try:

@@ -6,7 +6,7 @@ database and schema, so messages, exchanges, bindings and queue declarations are
 
 Features
 ========
-* Type: Virtual (synchronous: Celery runs its ``synloop``).
+* Type: Virtual, asynchronous (Celery's event loop and its own prefork pool; the listener thread wakes the hub).
 * Supports Direct: Yes
 * Supports Topic: Yes
 * Supports Fanout: Yes (bindings stored in the database: ``celery inspect``, remote control and Flower work)
@@ -72,7 +72,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -81,6 +81,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_workflow._postgres.database import PgDatabase
+from celery_workflow._postgres.listener import CHANNEL_QUEUE
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._postgres.standing import Registration, StandingClaim
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport, worker_stopping
@@ -172,15 +173,8 @@ def close_store(url: str) -> None:
 
 
 class Channel(StoreChannel):
-    """Postgres channel: :class:`~celery_workflow.transport.base.StoreChannel` plus a local wake-up on acks.
-
-    An ack or reject of a consuming channel wakes this process's consumer at once (it may be waiting for
-    notifications of its other queues, e.g. the pidbox, while its task queue was full); no NOTIFY is sent, only an
-    in-process condition is signalled. Every ack wakes it, not only one that frees a full prefetch window as seen
-    from the acking thread: the pool's result thread acks while the consumer thread delivers, and a window judged
-    not full before the ack could be full a moment later in the consumer's eyes, which then slept a whole wait
-    (200 ms) with room to spare.
-    """
+    """Postgres channel: :class:`~celery_workflow.transport.base.StoreChannel`, whose acks may register the consumer's
+    standing claim in their round trip (:meth:`Transport.ack`) and whose cancels withdraw it."""
 
     def _ack_stored(self, receipt: str) -> None:
         transport = self.connection
@@ -188,23 +182,6 @@ class Channel(StoreChannel):
             super()._ack_stored(receipt)
         else:
             transport.ack(self, receipt)
-
-    def _wake(self) -> None:
-        transport = self.connection  # None once the channel is closed (e.g. an ack after a lost connection)
-        if transport is not None and self._consumers:
-            transport.wake()
-
-    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
-        try:
-            super().basic_ack(delivery_tag, multiple)
-        finally:
-            self._wake()
-
-    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
-        try:
-            super().basic_reject(delivery_tag, requeue)
-        finally:
-            self._wake()
 
     def basic_cancel(self, consumer_tag: Any) -> Any:
         """Cancel as every store channel does, then withdraw a standing claim on the queue left (a closing channel
@@ -252,6 +229,9 @@ class Transport(StoreTransport):
         self.hand_off = bool(options.get("hand_off", True))
         self._standing_claim: StandingClaim | None = None
         self._standing_lock = threading.RLock()  # the consumer's claims and the acks of other threads
+        #: The notification keys the consumer looked at last (its queues, wake-up key and standing claim's token): on
+        #: the event loop, only these wake the hub (see watch_changes).
+        self._interest: frozenset[str] = frozenset()
 
     def open_store(self) -> BrokerStore:
         url = conninfo(self.client.hostname)
@@ -277,7 +257,22 @@ class Transport(StoreTransport):
     def change_token(self, queues: Sequence[str]) -> Any:
         """Notification marks of ``queues``, of this transport's wake-up key and of its standing claims' hand-offs
         (taken before claiming)."""
-        return self.pg_queue.change_token([*queues, self._wake_key, self.standing.token])
+        keys = [*queues, self._wake_key, self.standing.token]
+        self._interest = frozenset(keys)
+        return self.pg_queue.change_token(keys)
+
+    def watch_changes(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """On the event loop: the process's listener thread wakes the hub when a notification of a key the consumer
+        looked at arrives (a message on one of its queues, a hand-off to its standing claim), and when the listener
+        reconnects (notifications may have been lost). Other queues' notifications wake nothing."""
+        listener = self.pg_queue.db.listener
+
+        def heard(channel: str | None, key: str | None) -> None:
+            if channel is None or (channel == CHANNEL_QUEUE and key in self._interest):
+                wake()
+
+        listener.watch(heard)
+        return lambda: listener.unwatch(heard)
 
     def _claim(self, queues: list[str], no_ack: set[str]) -> list[ClaimedDelivery]:
         """The message handed to this consumer's standing claim, when its notification came (read by its key);
@@ -433,8 +428,11 @@ class Transport(StoreTransport):
         return False
 
     def wake(self) -> None:
-        """Wake this connection's consumer if it is waiting (called from any thread)."""
-        if self._store is not None:
+        """Wake this connection's consumer (called from any thread): on the event loop through the hub's wake-up pipe,
+        else by poking its wake-up key (a blocked :meth:`drain_events` waits on it; no NOTIFY is sent)."""
+        if self._hub is not None:
+            super().wake()
+        elif self._store is not None:
             self.pg_queue.poke(self._wake_key)
 
     def open_world(self) -> Any:

@@ -6,7 +6,8 @@ SQLite file in WAL mode, so messages, exchanges, bindings and queue declarations
 
 Features
 ========
-* Type: Virtual (synchronous: Celery runs its ``synloop``).
+* Type: Virtual, asynchronous (Celery's event loop and its own prefork pool; a thread watching ``PRAGMA
+  data_version`` wakes the hub).
 * Supports Direct: Yes
 * Supports Topic: Yes
 * Supports Fanout: Yes (bindings stored in the database: ``celery inspect``, remote control and Flower work)

@@ -6,7 +6,8 @@ events and remote control travel through Redis when ``AWSConfig(control_url="red
 
 Features
 ========
-* Type: Virtual (synchronous: Celery runs its ``synloop``).
+* Type: Virtual, asynchronous (Celery's event loop and its own prefork pool; the receivers' threads hand what
+  they bring to the hub through its wake-up pipe).
 * Supports Direct: Yes (task queues: the World's configured SQS queues, never created on the fly)
 * Supports Topic, Fanout: with the control channel (Redis); without it, ``celery inspect``, remote control, events
   and Flower are off, and the transport says so when it connects.
@@ -49,6 +50,7 @@ Transport Options
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES
@@ -139,6 +141,18 @@ class Transport(StoreTransport):
             estimate = channel.qos.can_consume_max_estimate()
             room += 10 if estimate is None else int(estimate)
         return room
+
+    def watch_changes(self, wake: Callable[[], None]) -> Callable[[], None]:
+        """On the event loop: the receivers (and the control channel's subscriber) wake the hub when they buffer a
+        message; the hub's thread takes it from the buffer."""
+        store = self.sqs_store
+        store.on_change = wake
+        store.change_token()  # starts the control channel's subscriber
+
+        def unwatch() -> None:
+            store.on_change = None
+
+        return unwatch
 
     def consumable_queues(self) -> list[str]:
         queues = super().consumable_queues()

@@ -34,7 +34,7 @@ import json
 import logging
 import threading
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -116,6 +116,9 @@ class SQSBrokerStore:
         self.wait = float(wait)
         self._cond = threading.Condition()
         self._version = 0
+        #: Called (from a receiver's or the control channel's thread) after each change the token counts: how the
+        #: transport on Celery's event loop hands buffered messages to the hub's thread (its wake-up pipe).
+        self.on_change: Callable[[], None] | None = None
         self._buffer: dict[str, deque[ClaimedDelivery]] = {}
         self._demand = 0  # messages the consumer can take now (its prefetch room)
         self._turn = 0  # where the next receive starts in the cycle of task queues (round-robin)
@@ -157,6 +160,12 @@ class SQSBrokerStore:
         with self._cond:
             self._version += 1
             self._cond.notify_all()
+        self._changed()
+
+    def _changed(self) -> None:
+        on_change = self.on_change
+        if on_change is not None:
+            on_change()
 
     def change_token(self) -> int:
         if self.control is not None:
@@ -193,6 +202,7 @@ class SQSBrokerStore:
             self._buffer.setdefault(claimed.queue, deque()).append(claimed)
             self._version += 1
             self._cond.notify_all()
+        self._changed()
 
     def _accept(self, queue: str, message: Mapping[str, Any]) -> ClaimedDelivery | None:
         count = int(message.get("Attributes", {}).get("ApproximateReceiveCount", "1"))

@@ -206,8 +206,8 @@ def test_celery_is_used_only_by_app_py() -> None:
         }
 
     # demo.py is the demo application (user code the CLI's demo command runs), not part of the library's machinery;
-    # transport/prefork.py is the worker pool our transports give a Celery worker (it subclasses Celery's prefork), and
-    # transport/pool_hook.py hands it to the worker through celery.signals.worker_init; inspector/server.py wraps a bare
+    # workers on our transports run Celery's own pools (the transports are on its event loop: no pool of ours);
+    # inspector/server.py wraps a bare
     # World for the run inspector in a Workflows with a Celery app of its own (only to build the wake-up message of a
     # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py and
     # testing/conformance_fanout.py run real workflows on the World under test, in a Workflows with a Celery app of
@@ -217,12 +217,11 @@ def test_celery_is_used_only_by_app_py() -> None:
         "celery_workflow.app",
         "celery_workflow.worker_setup",
         "celery_workflow.demo",
-        "celery_workflow.transport.prefork",
         "celery_workflow.inspector.server",
         "celery_workflow.testing.conformance_faults",
         "celery_workflow.testing.conformance_fanout",
     }
-    assert users("celery") <= allowed | {"celery_workflow.transport.pool_hook"}
+    assert users("celery") <= allowed
     assert {n for n in users("kombu") if not n.startswith("celery_workflow.transport.")} <= {"celery_workflow.app"}
 
 
