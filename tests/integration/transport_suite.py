@@ -63,8 +63,85 @@ def spy_calls(monkeypatch: Any, target: Any, kinds: dict[str, str]) -> list[str]
     return calls
 
 
+def run_hub(hub: Any, until: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Turn kombu's hub (as Celery's ``asynloop`` does) until ``until()`` or ``timeout`` (AssertionError)."""
+    loop = hub.create_loop()
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, "condition not met on the event loop"
+        next(loop)
+
+
 class TransportSuite:
     """Routing, acks, leases, TTL and expiry through kombu, whatever store is underneath."""
+
+    # -- on Celery's event loop (kombu's hub: issue #28) ----------------------------------------------------------
+
+    def test_on_an_event_loop_messages_arrive_when_published_and_when_due(
+        self, connect: Callable[..., Connection]
+    ) -> None:
+        """A consumer registered with a hub is woken by a publish from another connection (its change watch) and
+        by a hub timer at a delayed message's due time, with a polling interval far longer than the test."""
+        from kombu.asynchronous import Hub
+
+        hub = Hub()
+        consumer_conn, producer_conn = connect(polling_interval=60, heartbeat_interval=60), connect()
+        consumer_conn.connect()
+        assert consumer_conn.transport.implements.asynchronous
+        consumer_conn.transport.register_with_event_loop(consumer_conn.connection, hub)
+        queue = Queue("hub", Exchange("hub"), routing_key="hub")
+        received: list[Any] = []
+        arrived: list[float] = []
+        try:
+            with Consumer(consumer_conn.channel(), [queue], callbacks=[collector(received)], accept=["json"]):
+                producer = Producer(producer_conn.channel())
+                due = datetime.now(UTC) + timedelta(seconds=1)
+                producer.publish({"k": "later"}, exchange="hub", routing_key="hub", not_before=due.isoformat())
+                producer.publish({"k": "now"}, exchange="hub", routing_key="hub")
+                run_hub(hub, lambda: len(received) == 1)
+                arrived.append(time.time())
+                run_hub(hub, lambda: len(received) == 2)
+                arrived.append(time.time())
+        finally:
+            consumer_conn.release()
+            hub.close()
+        assert [b["k"] for b, _ in received] == ["now", "later"]
+        assert arrived[0] < due.timestamp() <= arrived[1]
+
+    def test_on_an_event_loop_an_ack_from_another_thread_frees_room(self, connect: Callable[..., Connection]) -> None:
+        """With one message of prefetch room, the next is claimed once a pool thread acks the first (the ack wakes
+        the hub), not at the next polling interval."""
+        import threading
+
+        from kombu.asynchronous import Hub
+
+        hub = Hub()
+        conn = connect(polling_interval=60, heartbeat_interval=60)
+        conn.connect()
+        conn.transport.register_with_event_loop(conn.connection, hub)
+        queue = Queue("room", Exchange("room"), routing_key="room")
+        received: list[Any] = []
+        acks: list[threading.Thread] = []
+
+        def later(body: Any, message: Any) -> None:
+            received.append(body)
+            acks.append(threading.Thread(target=message.ack))
+            acks[-1].start()
+
+        try:
+            channel = conn.channel()
+            channel.basic_qos(0, 1, False)
+            producer = Producer(conn.channel())
+            for n in range(3):
+                producer.publish({"n": n}, exchange=Exchange("room"), routing_key="room", declare=[queue])
+            with Consumer(channel, [queue], callbacks=[later], accept=["json"]):
+                run_hub(hub, lambda: len(received) == 3)
+        finally:
+            for thread in acks:
+                thread.join(5)
+            conn.release()
+            hub.close()
+        assert sorted(b["n"] for b in received) == [0, 1, 2]
 
     def test_publish_consume_ack(self, connect: Callable[..., Connection], store: Any, url: str) -> None:
         producer_conn, consumer_conn = connect(), connect()
