@@ -23,7 +23,8 @@ receive across queues, and a long poll cannot be cut short, so an idle queue's p
 from being polled (a room shared between them was held by whichever poll took it, and a busy queue waited out the
 idle one's poll, or was never polled at all). Received messages wait in a small local buffer for the consuming
 thread's next poll, which takes them from the queues in turn (kombu's round-robin cycle); the change token the
-transport waits on moves when a receiver buffers a message or Redis announces a control message. Polls side by side
+transport waits on moves when a receiver buffers a message or Redis announces a control message (and
+:attr:`SQSBrokerStore.on_change` wakes the hub of a worker on Celery's event loop). Polls side by side
 can bring a little more than the room (at most one room per other queue): those wait in the buffer, their visibility
 extended with the messages the consumer holds (:meth:`SQSBrokerStore.extend`), and are given back if consuming stops.
 """
