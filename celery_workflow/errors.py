@@ -9,6 +9,8 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     │   └── PayloadTooLarge
     ├── WorldError                  a storage or driver failure (the driver error is ``__cause__``)
     │   └── SchemaVersionError      the database was migrated by a newer celery_workflow
+    │       └── EventUnreadable     a stored event does not fit this version's event data (newer, or damaged)
+    │           └── UnknownEventType  of a type this version does not know (also a ValueError)
     ├── EventRejected               a transition rule refused an append; nothing was written
     │   ├── EventInvalid            malformed or oversized event (400)
     │   │   └── EventTooLarge       event data over the size limit (also a PayloadTooLarge)
@@ -88,6 +90,14 @@ class WorldUnavailable(WorldError):
 
 class SchemaVersionError(WorldError):
     """The database schema is newer than this version of celery_workflow."""
+
+
+class EventUnreadable(SchemaVersionError):
+    """A stored event does not fit this version's event data (written by a newer celery_workflow, or damaged)."""
+
+
+class UnknownEventType(EventUnreadable, ValueError):
+    """The event type is not one this version of celery_workflow knows."""
 
 
 class EventRejected(CeleryWorkflowError):

@@ -1,8 +1,17 @@
-"""Event types, statuses and the records of the event log: events and the entity views (run, step, hook, wait).
+"""Event types, statuses and the records of the event log: events, their typed data and the entity views (run,
+step, hook, wait).
 
 A run's state is its event log. Each run's events are numbered 1, 2, 3 … (*slots*) with no gaps, in commit order.
 Views (run, step, hook, wait) are derived from the log and kept by the World in the same atomic write. How a batch of
 events is checked and turned into the writes that keep them is :mod:`celery_workflow.rules`.
+
+An event's ``data`` is a JSON object whose shape its type fixes: one frozen dataclass per event type
+(:mod:`celery_workflow.event_data`, which also holds :class:`EventType`) declares its fields, required and optional,
+and their types.
+``Event.body`` / ``NewEvent.body`` are that typed view of ``data``; ``data`` itself is what is stored, unchanged.
+The view is checked at the log's edges: an event to append when the World validates it
+(:class:`~celery_workflow.errors.EventInvalid`), a stored event when a World reads it back (building the
+:class:`Event` checks it: :class:`~celery_workflow.errors.EventUnreadable`, also for an unknown event type).
 """
 
 from __future__ import annotations
@@ -11,26 +20,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
+from celery_workflow.errors import EventInvalid, EventUnreadable, UnknownEventType
+from celery_workflow.event_data import EventData, EventType, data_of
 
-class EventType(StrEnum):
-    RUN_CREATED = "run_created"
-    RUN_STARTED = "run_started"
-    RUN_COMPLETED = "run_completed"
-    RUN_FAILED = "run_failed"
-    RUN_CANCELLED = "run_cancelled"
-    STEP_CREATED = "step_created"
-    STEP_STARTED = "step_started"
-    STEP_COMPLETED = "step_completed"
-    STEP_FAILED = "step_failed"
-    STEP_RETRYING = "step_retrying"
-    HOOK_CREATED = "hook_created"
-    HOOK_RECEIVED = "hook_received"
-    HOOK_DISPOSED = "hook_disposed"
-    HOOK_CONFLICT = "hook_conflict"
-    WAIT_CREATED = "wait_created"
-    WAIT_COMPLETED = "wait_completed"
+__all__ = [
+    "CREATION_EVENTS",
+    "HOOK_EVENTS",
+    "RUN_END_STATUS",
+    "RUN_EVENTS",
+    "STEP_EVENTS",
+    "WAIT_EVENTS",
+    "Event",
+    "EventData",
+    "EventType",
+    "HookView",
+    "NewEvent",
+    "RunStatus",
+    "RunView",
+    "StepStatus",
+    "StepView",
+    "WaitStatus",
+    "WaitView",
+]
+
+D = TypeVar("D", bound=EventData)
 
 
 class RunStatus(StrEnum):
@@ -102,16 +117,46 @@ CREATION_EVENTS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class NewEvent:
-    """An event to append. ``data`` holds JSON values only (payloads already passed through ``codec.to_json``)."""
+    """An event to append. ``data`` holds JSON values only (payloads already passed through ``codec.to_json``).
+
+    Build one from its typed data with :meth:`of`. One built from a dict is checked when it is appended (the World's
+    validation reads :attr:`body`, EventInvalid when ``data`` does not fit its type)."""
 
     event_type: EventType
     correlation_id: str | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    _body: EventData | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, body: EventData, correlation_id: str | None = None) -> NewEvent:
+        """The event of typed data ``body`` (its type is ``body.TYPE``)."""
+        new = cls(body.TYPE, correlation_id, body.to_data())
+        object.__setattr__(new, "_body", body)
+        return new
+
+    @property
+    def body(self) -> EventData:
+        """The typed view of ``data``; EventInvalid when it does not fit the event type's data."""
+        body = self._body
+        if body is None:
+            if not isinstance(self.event_type, EventType):
+                raise EventInvalid(f"unknown event type {self.event_type!r}")
+            try:
+                body = data_of(self.event_type, self.data, writing=True)
+            except ValueError as exc:
+                raise EventInvalid(f"{self.event_type}: {exc}") from None
+            object.__setattr__(self, "_body", body)
+        return body
+
+    def data_as(self, kind: type[D]) -> D:
+        """:attr:`body` as ``kind``; TypeError when the event is of another type (a caller's mistake)."""
+        return _as(self.body, kind, self.event_type)
 
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """A stored event."""
+    """A stored event. ``data`` is the stored JSON object; :attr:`body` its typed view, checked when the event is
+    built (EventUnreadable: a World read an event that does not fit its type's data)."""
 
     run_id: str
     slot: int
@@ -119,6 +164,29 @@ class Event:
     correlation_id: str | None
     data: Mapping[str, Any]
     created_at: datetime
+    body: EventData = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event_type, EventType):
+            raise UnknownEventType(f"event {self.slot} of run {self.run_id}: unknown event type {self.event_type!r}")
+        try:
+            body = data_of(self.event_type, self.data, writing=False)
+        except ValueError as exc:
+            raise EventUnreadable(
+                f"event {self.slot} of run {self.run_id} ({self.event_type}) does not fit this version's"
+                f" {self.event_type} data: {exc} (written by a newer celery_workflow, or damaged)"
+            ) from None
+        object.__setattr__(self, "body", body)
+
+    def data_as(self, kind: type[D]) -> D:
+        """:attr:`body` as ``kind``; TypeError when the event is of another type (a caller's mistake)."""
+        return _as(self.body, kind, self.event_type)
+
+
+def _as(body: EventData, kind: type[D], event_type: EventType) -> D:
+    if not isinstance(body, kind):
+        raise TypeError(f"a {event_type} event has no {kind.__name__} data")
+    return body
 
 
 @dataclass(frozen=True, slots=True)

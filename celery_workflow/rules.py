@@ -25,8 +25,8 @@ nothing of the batch is written then. Rules (reference/vercel-workflow.md §3.1,
 * a repeated ``run_started`` on a running run is a no-op.
 
 Token retention (DESIGN §3: "Run end deletes its hooks (tokens kept until token retention ends)"): a ``hook_created``
-may carry ``token_retention_until`` (:data:`TOKEN_RETENTION`, an ISO 8601 time with its offset, else
-:class:`EventInvalid`). While its run lives the hook is like any other. The run's end deletes it all the same, but
+may carry ``token_retention_until`` (an ISO 8601 time with its offset, else :class:`EventInvalid`; see
+:class:`~celery_workflow.event_data.HookCreatedData`). While its run lives the hook is like any other. The run's end deletes it all the same, but
 when the retention ends after the run's end its token stays *retained* by the ended run until then
 (:attr:`Plan.tokens_retained`; a hook disposed before, or in the batch that ends the run, releases its token at
 once): a claim of it is written as ``hook_conflict`` naming the ended run, and once the retention has ended the claim
@@ -59,6 +59,19 @@ from celery_workflow.errors import (
     TooEarly,
     WaitNotFound,
 )
+from celery_workflow.event_data import (
+    HookConflictData,
+    HookCreatedData,
+    RunCompletedData,
+    RunCreatedData,
+    RunFailedData,
+    StepCompletedData,
+    StepCreatedData,
+    StepFailedData,
+    StepRetryingData,
+    StepStartedData,
+    WaitCreatedData,
+)
 from celery_workflow.events import (
     HOOK_EVENTS,
     RUN_END_STATUS,
@@ -76,24 +89,7 @@ from celery_workflow.events import (
     WaitStatus,
     WaitView,
 )
-from celery_workflow.ids import isoformat, parse_iso
-
-#: The ``hook_created`` data field asking for the hook's token to stay reserved after its run ends, until then.
-TOKEN_RETENTION = "token_retention_until"
-
-
-def token_retention_until(data: Mapping[str, Any]) -> datetime | None:
-    """The end of the token retention a ``hook_created``'s data asks for (None: none); EventInvalid unless it is an
-    ISO 8601 time with its offset."""
-    until = data.get(TOKEN_RETENTION)
-    if until is None:
-        return None
-    try:
-        if not isinstance(until, str):
-            raise ValueError(f"got {type(until).__name__}")
-        return parse_iso(until)
-    except ValueError as exc:
-        raise EventInvalid(f"hook_created.{TOKEN_RETENTION} must be an ISO 8601 time with its offset: {exc}") from None
+from celery_workflow.ids import isoformat
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +220,10 @@ def keys_of(new_events: Iterable[NewEvent]) -> Keys:
             steps.add(cid)
         elif ev.event_type in HOOK_EVENTS:
             hooks.add(cid)
-            if ev.event_type is EventType.HOOK_CREATED and isinstance(ev.data.get("token"), str):
-                tokens.add(ev.data["token"])
+            if ev.event_type is EventType.HOOK_CREATED:
+                token = ev.data.get("token")  # keys are read before validation: a bad token is refused later
+                if isinstance(token, str):
+                    tokens.add(token)
         elif ev.event_type in WAIT_EVENTS:
             waits.add(cid)
     ending = any(ev.event_type in RUN_END_STATUS for ev in new_events)
@@ -233,7 +231,8 @@ def keys_of(new_events: Iterable[NewEvent]) -> Keys:
 
 
 def validate(ev: NewEvent) -> bytes:
-    """Check an event's shape; return its encoded data (the World stores these bytes)."""
+    """Check an event's shape (its correlation id, and its data against its type's data class: ``ev.body``);
+    return its encoded data (the World stores these bytes)."""
     if not isinstance(ev.event_type, EventType):
         raise EventInvalid(f"unknown event type {ev.event_type!r}")
     needs_cid = ev.event_type not in RUN_EVENTS
@@ -243,14 +242,7 @@ def validate(ev: NewEvent) -> bytes:
         raise EventInvalid(f"{ev.event_type} takes no correlation id")
     if ev.correlation_id is not None and len(ev.correlation_id) > 512:
         raise EventInvalid("correlation id longer than 512 characters")
-    required = _REQUIRED.get(ev.event_type, ())
-    for key in required:
-        if key not in ev.data:
-            raise EventInvalid(f"{ev.event_type} needs data field {key!r}")
-    if ev.event_type is EventType.HOOK_CREATED:
-        if not (isinstance(ev.data["token"], str) and ev.data["token"]):
-            raise EventInvalid("hook_created needs a non-empty string token")
-        token_retention_until(ev.data)
+    _ = ev.body  # EventInvalid unless the data fits its type
     try:
         return codec.dumps(dict(ev.data))
     except PayloadTooLarge as exc:
@@ -259,30 +251,19 @@ def validate(ev: NewEvent) -> bytes:
         raise EventInvalid(f"{ev.event_type}: data is not JSON: {exc}") from exc
 
 
-_REQUIRED: dict[EventType, tuple[str, ...]] = {
-    EventType.RUN_CREATED: ("workflow_name", "input"),
-    EventType.STEP_CREATED: ("step_name", "input"),
-    EventType.STEP_COMPLETED: ("result",),
-    EventType.STEP_FAILED: ("error",),
-    EventType.STEP_RETRYING: ("error",),
-    EventType.RUN_FAILED: ("error",),
-    EventType.HOOK_CREATED: ("token",),
-    EventType.HOOK_RECEIVED: ("payload",),
-    EventType.WAIT_CREATED: ("resume_at",),
-}
-
-
 def new_run(run_id: str, data: Mapping[str, Any], now: datetime) -> tuple[RunView, Event]:
     """The view and slot-1 event of a new run (``data`` is ``run_created``'s data)."""
     if not isinstance(run_id, str) or not 0 < len(run_id) <= 200 or not run_id.isprintable():
         raise EventInvalid(f"invalid run id {run_id!r}: 1-200 printable characters")
-    validate(NewEvent(EventType.RUN_CREATED, None, data))
+    created = NewEvent(EventType.RUN_CREATED, None, data)
+    validate(created)
+    body = created.data_as(RunCreatedData)
     view = RunView(
         run_id=run_id,
-        workflow_name=str(data["workflow_name"]),
+        workflow_name=body.workflow_name,
         status=RunStatus.PENDING,
-        input=data["input"],
-        queue=data.get("queue"),
+        input=body.input,
+        queue=body.queue,
         created_at=now,
         updated_at=now,
         event_count=1,
@@ -352,8 +333,10 @@ class _State:
             self._step_event(ev)
         elif kind in HOOK_EVENTS:
             self._hook_event(ev)
-        else:
+        elif kind in WAIT_EVENTS:
             self._wait_event(ev)
+        else:  # a type without a rule is refused, never taken for another family's
+            raise EventInvalid(f"no transition rule for event type {kind!r}")
 
     # -- run ---------------------------------------------------------------------------------------------------------
 
@@ -373,12 +356,13 @@ class _State:
             )
             return
         status = RUN_END_STATUS[kind]
+        body = ev.body
         self._emit(ev)
         self.plan.run = dataclasses.replace(
             self.run,
             status=status,
-            output=ev.data.get("output") if status is RunStatus.COMPLETED else None,
-            error=ev.data.get("error") if status is RunStatus.FAILED else None,
+            output=body.output if isinstance(body, RunCompletedData) else None,
+            error=body.error if isinstance(body, RunFailedData) else None,
             completed_at=self.now,
         )
         self.plan.run_ended = True
@@ -404,15 +388,16 @@ class _State:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create step {sid}")
             if step is not None:
                 raise EntityExists(f"step {sid} already exists")
+            created = ev.data_as(StepCreatedData)
             self._emit(ev)
             self._put_step(
                 StepView(
                     run_id=run.run_id,
                     step_id=sid,
-                    step_name=str(ev.data["step_name"]),
+                    step_name=created.step_name,
                     status=StepStatus.PENDING,
-                    input=ev.data["input"],
-                    queue=ev.data.get("queue"),
+                    input=created.input,
+                    queue=created.queue,
                     created_at=self.now,
                     updated_at=self.now,
                 )
@@ -436,7 +421,7 @@ class _State:
                     step,
                     status=StepStatus.RUNNING,
                     attempt=attempt,
-                    owner=ev.data.get("owner"),
+                    owner=ev.data_as(StepStartedData).owner,
                     started_at=step.started_at or self.now,
                     retry_after=None,
                     updated_at=self.now,
@@ -445,14 +430,14 @@ class _State:
         elif kind is EventType.STEP_RETRYING:
             if run.status.terminal:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; step {sid} may not retry")
-            retry_after = ev.data.get("retry_after")
+            retrying = ev.data_as(StepRetryingData)
             self._emit(ev)
             self._put_step(
                 dataclasses.replace(
                     step,
                     status=StepStatus.PENDING,
-                    error=ev.data["error"],
-                    retry_after=parse_iso(retry_after) if isinstance(retry_after, str) else None,
+                    error=retrying.error,
+                    retry_after=retrying.retry_after,
                     owner=None,
                     updated_at=self.now,
                 )
@@ -463,16 +448,17 @@ class _State:
                 dataclasses.replace(
                     step,
                     status=StepStatus.COMPLETED,
-                    output=ev.data["result"],
+                    output=ev.data_as(StepCompletedData).result,
                     completed_at=self.now,
                     updated_at=self.now,
                 )
             )
-        else:  # STEP_FAILED
+        else:
+            failed = ev.data_as(StepFailedData)
             self._emit(ev)
             self._put_step(
                 dataclasses.replace(
-                    step, status=StepStatus.FAILED, error=ev.data["error"], completed_at=self.now, updated_at=self.now
+                    step, status=StepStatus.FAILED, error=failed.error, completed_at=self.now, updated_at=self.now
                 )
             )
 
@@ -493,12 +479,14 @@ class _State:
             if hook is not None or hid in self.created_hooks:
                 raise EntityExists(f"hook {hid} already exists")
             self.created_hooks.add(hid)
-            token = str(ev.data["token"])
+            created = ev.data_as(HookCreatedData)
+            token = created.token
             owner = self.token_owners.get(token)
             held = self.retained.get(token) if owner is None else None
             if owner is not None or (held is not None and held.holds(self.now)):
                 holder = owner.run_id if owner is not None else held.run_id if held is not None else ""
-                self._emit(ev, {"token": token, "conflicting_run_id": holder}, event_type=EventType.HOOK_CONFLICT)
+                conflict = HookConflictData(token=token, conflicting_run_id=holder)
+                self._emit(ev, conflict.to_data(), event_type=EventType.HOOK_CONFLICT)
                 return
             if held is not None:  # its ended run's retention is over: the claim replaces that holding
                 del self.retained[token]
@@ -509,14 +497,14 @@ class _State:
                 hook_id=hid,
                 token=token,
                 created_at=self.now,
-                metadata=ev.data.get("metadata"),
-                is_webhook=bool(ev.data.get("is_webhook", False)),
-                respond_with=ev.data.get("respond_with"),
+                metadata=created.metadata,
+                is_webhook=created.is_webhook,
+                respond_with=created.respond_with,
             )
             self.hooks[hid] = view
             self.token_owners[token] = view
             self.plan.hooks_inserted[hid] = view
-            until = token_retention_until(ev.data)
+            until = created.token_retention_until
             if until is not None:
                 self.retentions[hid] = self.plan.retentions[hid] = RetainedToken(run.run_id, hid, token, until)
             return
@@ -542,16 +530,10 @@ class _State:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create wait {wid}")
             if wait is not None:
                 raise EntityExists(f"wait {wid} already exists")
-            resume_at = ev.data["resume_at"]
-            if not isinstance(resume_at, str):
-                raise EventInvalid("wait_created.resume_at must be an ISO 8601 string")
-            try:
-                when = parse_iso(resume_at)
-            except ValueError as exc:
-                raise EventInvalid(f"wait_created.resume_at: {exc}") from exc
+            when = ev.data_as(WaitCreatedData).resume_at
             self._emit(ev)
             view = WaitView(run.run_id, wid, WaitStatus.WAITING, when, self.now)
-        else:
+        else:  # WAIT_COMPLETED
             if wait is None:
                 raise WaitNotFound(f"wait {wid} of run {run.run_id} does not exist")
             if wait.status is WaitStatus.COMPLETED:

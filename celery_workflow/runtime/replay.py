@@ -29,11 +29,22 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from celery_workflow import codec
 from celery_workflow.errors import EventInvalid, HookConflict, PayloadError, StepFailed, WorldError
+from celery_workflow.event_data import (
+    HookConflictData,
+    HookCreatedData,
+    HookDisposedData,
+    HookReceivedData,
+    RunStartedData,
+    StepCompletedData,
+    StepCreatedData,
+    StepFailedData,
+    StepStartedData,
+    WaitCompletedData,
+    WaitCreatedData,
+)
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
-from celery_workflow.ids import isoformat, parse_iso
-from celery_workflow.rules import TOKEN_RETENTION
 from celery_workflow.runtime import context, steps
-from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata, webhook_options
+from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome, error_info
 from celery_workflow.world import DEFAULT_MAX_PAYLOAD, Delivery
@@ -167,7 +178,7 @@ class Replay:
     by_cid: dict[str, list[Event]] = field(default_factory=dict)
     creations: list[Event] = field(default_factory=list)
     #: creation data of forced hooks, by the id of their first claim (see _current)
-    forced: dict[str, dict[str, Any]] = field(default_factory=dict)
+    forced: dict[str, HookCreatedData] = field(default_factory=dict)
     cursor: int = 0
     count: int = 0
     _clock: datetime = field(init=False)
@@ -190,7 +201,7 @@ class Replay:
         self.count = 0
         self._absorb(loaded, written_by_us=False)
         if self.run.status is RunStatus.PENDING:
-            self.deferred.append(NewEvent(EventType.RUN_STARTED))
+            self.deferred.append(NewEvent.of(RunStartedData()))
 
     @property
     def rng(self) -> Random:
@@ -389,22 +400,27 @@ class Replay:
                 or (sdef.queue is not None and sdef.queue != self.run.queue)
                 or not self.effects.inline_allowed()
             )
-            data = {"step_name": sdef.name, "input": data_input, "mode": "queued" if queued else "inline"}
-            if queued and sdef.queue is not None:
-                data["queue"] = sdef.queue  # where its deliveries go (the step view and the inspector show it)
-            created = NewEvent(EventType.STEP_CREATED, cid, data)
+            data = StepCreatedData(
+                step_name=sdef.name,
+                input=data_input,
+                mode="queued" if queued else "inline",
+                # where its deliveries go (the step view and the inspector show it)
+                queue=sdef.queue if queued else None,
+            )
+            created = NewEvent.of(data, cid)
             if queued:
                 self.pending.append(created)
                 self.pending_deliveries.append(self.effects.step_delivery(sdef, cid, None))
             else:
                 self.inline_new[cid] = _InlineNew(sdef, created)
         else:
-            if ev.event_type is not EventType.STEP_CREATED or ev.data.get("step_name") != sdef.name:
+            body = ev.body
+            if not isinstance(body, StepCreatedData) or body.step_name != sdef.name:
                 raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not the creation of step {sdef.name}")
-            if ev.data.get("input") != data_input:
+            if body.input != data_input:
                 raise _Diverged(
                     f"step {cid!r} is called with other arguments than the event log records (slot {ev.slot}):"
-                    f" the log has {brief(ev.data.get('input'))}, the code now passes {brief(data_input)};"
+                    f" the log has {brief(body.input)}, the code now passes {brief(data_input)};"
                     " pass values from now()/random()/uuid4() or step results instead of nondeterministic ones"
                 )
         return StepFuture(self, cid, sdef.signature.returns)
@@ -418,20 +434,20 @@ class Replay:
             return self._consume_terminal(done, hint)
         new = self.inline_new.pop(cid, None)
         if new is not None:
-            return self._run_inline(cid, new.sdef, new.created.data["input"], [new.created], hint)
+            return self._run_inline(cid, new.sdef, new.created.data_as(StepCreatedData).input, [new.created], hint)
         events = self.by_cid.get(cid, [])
-        created = events[0] if events else None
-        if created is None or created.event_type is not EventType.STEP_CREATED:
+        created = events[0].body if events else None
+        if not isinstance(created, StepCreatedData):
             raise Suspend()  # created in this replay as a queued step: its delivery is pending
-        if created.data.get("mode") != "inline":
+        if created.mode != "inline":
             raise Suspend()  # its own delivery runs it and then wakes the run
-        last = events[-1]
-        if last.event_type is EventType.STEP_RETRYING:
+        last = events[-1].body
+        if last.TYPE is EventType.STEP_RETRYING:
             raise Suspend()  # handed to a delayed step delivery
-        if last.event_type is EventType.STEP_STARTED and last.data.get("owner") != self.effects.delivery_id:
+        if isinstance(last, StepStartedData) and last.owner != self.effects.delivery_id:
             raise Suspend()  # another delivery runs it; if that one dies, its redelivery resumes the step
-        sdef = self.registry.step(str(created.data["step_name"]))
-        return self._run_inline(cid, sdef, created.data["input"], [], hint)
+        sdef = self.registry.step(created.step_name)
+        return self._run_inline(cid, sdef, created.input, [], hint)
 
     def _terminal(self, cid: str) -> Event | None:
         for ev in self.by_cid.get(cid, ()):
@@ -441,17 +457,18 @@ class Replay:
 
     def _consume_terminal(self, ev: Event, hint: Any) -> Any:
         self._advance(ev)
-        if ev.event_type is EventType.STEP_COMPLETED:
-            return codec.from_json(ev.data["result"], hint)
-        created = self.by_cid[str(ev.correlation_id)][0]
+        body = ev.body
+        if isinstance(body, StepCompletedData):
+            return codec.from_json(body.result, hint)
+        created = self.by_cid[str(ev.correlation_id)][0].body
         raise StepFailed(
             step_id=str(ev.correlation_id),
-            step_name=str(created.data.get("step_name", "")),
-            error=dict(ev.data["error"]),
+            step_name=created.step_name if isinstance(created, StepCreatedData) else "",
+            error=dict(ev.data_as(StepFailedData).error),
         )
 
     def _run_inline(self, cid: str, sdef: StepDef, data_input: Any, create: list[NewEvent], hint: Any) -> Any:
-        started_ev = NewEvent(EventType.STEP_STARTED, cid, {"owner": self.effects.delivery_id})
+        started_ev = NewEvent.of(StepStartedData(owner=self.effects.delivery_id), cid)
         if create and self._may_hold(sdef):
             # The first step of a run nothing has written to yet: its creation and start ride with the run's start
             # in the delivery's next write, one round trip and one transaction fewer. The owner rule holds without
@@ -461,7 +478,7 @@ class Replay:
             attempt, started_at = 1, self.effects.wall_now()
         else:
             started = self.write([*create, started_ev])[-1]
-            attempt, started_at = int(started.data["attempt"]), started.created_at
+            attempt, started_at = started.data_as(StepStartedData).attempt, started.created_at
         crash_loop = steps.exceeded_starts(sdef, cid, attempt)
         if crash_loop is not None:
             return self._consume_terminal(self._write_now([crash_loop])[-1], hint)
@@ -494,9 +511,9 @@ class Replay:
         ev = self._match(cid)
         if ev is None:
             resume_at = self.clock + timedelta(seconds=max(0.0, seconds))
-            created = NewEvent(EventType.WAIT_CREATED, cid, {"resume_at": isoformat(resume_at)})
+            created = NewEvent.of(WaitCreatedData(resume_at=resume_at), cid)
             if resume_at <= self.effects.wall_now():
-                written = self.write([created, NewEvent(EventType.WAIT_COMPLETED, cid)])
+                written = self.write([created, NewEvent.of(WaitCompletedData(), cid)])
                 self._advance(written[-1])
                 return
             self.pending.append(created)
@@ -508,9 +525,9 @@ class Replay:
         if completed:
             self._advance(completed[0])
             return
-        resume_at = parse_iso(str(ev.data["resume_at"]))
+        resume_at = ev.data_as(WaitCreatedData).resume_at
         if resume_at <= self.effects.wall_now():
-            written = self.write([NewEvent(EventType.WAIT_COMPLETED, cid)])
+            written = self.write([NewEvent.of(WaitCompletedData(), cid)])
             self._advance(written[-1])
             return
         self.open_waits[cid] = resume_at
@@ -541,12 +558,16 @@ class Replay:
         keep_credentials: bool = False,
         token_retention: timedelta | datetime | None = None,
     ) -> Webhook:
-        options = {"many": many, "keep_credentials": keep_credentials}
         cid, tok, data = self._hook(
-            token, None, is_webhook=True, respond_with=respond_with, options=options, retention=token_retention
+            token,
+            None,
+            is_webhook=True,
+            respond_with=respond_with,
+            options=(many, keep_credentials),
+            retention=token_retention,
         )
         # A webhook recorded before ``many`` existed has no flag: it behaves as many (see webhook_options).
-        return Webhook(self, cid, tok, self.base_url, many=webhook_options(data)[0])
+        return Webhook(self, cid, tok, self.base_url, many=data.webhook_options[0] if data is not None else True)
 
     def _hook(
         self,
@@ -555,10 +576,12 @@ class Replay:
         *,
         is_webhook: bool,
         respond_with: Any,
-        options: Mapping[str, Any] | None = None,
+        options: tuple[bool, bool] | None = None,
         force: bool = False,
         retention: timedelta | datetime | None = None,
-    ) -> tuple[str, str, Mapping[str, Any]]:
+    ) -> tuple[str, str, HookCreatedData | None]:
+        """Create (or meet in the log) a hook: its correlation id, its token and its creation data (None: its
+        creation met an owner, ``hook_conflict``). ``options``: a webhook's ``(many, keep_credentials)``."""
         if token is not None and not (isinstance(token, str) and token):
             # raised where the workflow asks, so its cause is plain (the World would refuse the creation later)
             got = "an empty string" if isinstance(token, str) else type(token).__name__
@@ -566,33 +589,38 @@ class Replay:
         cid = self._next_id("hook")
         ev = self._match(cid)
 
-        def creation(tok: str) -> dict[str, Any]:
-            data: dict[str, Any] = {"token": tok, "metadata": codec.to_json(metadata), "is_webhook": is_webhook}
-            if respond_with is not None:
-                data["respond_with"] = codec.to_json(respond_with)
-            data.update(options or {})
-            if force:
-                data["force"] = True
+        def creation(tok: str) -> HookCreatedData:
+            until = None
             if retention is not None:  # an end in time, fixed when the hook is first created (see rules)
                 until = self.effects.wall_now() + retention if isinstance(retention, timedelta) else retention
-                data[TOKEN_RETENTION] = isoformat(until)
-            return data
+            many, keep_credentials = options if options is not None else (None, None)
+            return HookCreatedData(
+                token=tok,
+                metadata=codec.to_json(metadata),
+                is_webhook=is_webhook,
+                respond_with=codec.to_json(respond_with) if respond_with is not None else None,
+                many=many,
+                keep_credentials=keep_credentials,
+                force=force,
+                token_retention_until=until,
+            )
 
         if ev is None:
             tok = token if token is not None else secrets.token_urlsafe(18)
             data = creation(tok)
-            self.pending.append(NewEvent(EventType.HOOK_CREATED, cid, data))
+            self.pending.append(NewEvent.of(data, cid))
             if force:
                 self.forced[cid] = data
             return cid, tok, data
-        if ev.event_type not in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
+        body = ev.body
+        if not isinstance(body, HookCreatedData | HookConflictData):
             raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a hook")
-        tok = str(ev.data["token"])
+        tok = body.token
         if token is not None and token != tok:
             raise _Diverged(f"hook {cid!r} was created with token {tok!r}, the code now asks for {token!r}")
         if force:
             self.forced[cid] = creation(tok)
-        return cid, tok, ev.data
+        return cid, tok, body if isinstance(body, HookCreatedData) else None
 
     def _current(self, cid: str, *, take: bool) -> str:
         """The hook that stands for ``cid`` now. A forced claim whose creation met an owner (``hook_conflict``) takes
@@ -611,8 +639,8 @@ class Replay:
             if not self._of(successor, EventType.HOOK_CONFLICT):
                 pending = any(ev.correlation_id == successor for ev in self.pending)
                 if take and not pending:
-                    guarded(partial(self.effects.take_token, str(data["token"])))
-                    self.pending.append(NewEvent(EventType.HOOK_CREATED, successor, data))
+                    guarded(partial(self.effects.take_token, data.token))
+                    self.pending.append(NewEvent.of(data, successor))
                 return successor if take or pending else current
             current = successor
         return current
@@ -621,19 +649,19 @@ class Replay:
         cid = self._current(cid, take=True)
         conflict = self._of(cid, EventType.HOOK_CONFLICT)
         if conflict:
-            data = conflict[0].data
-            raise HookConflict(token=str(data["token"]), conflicting_run_id=data.get("conflicting_run_id"))
+            data = conflict[0].data_as(HookConflictData)
+            raise HookConflict(token=data.token, conflicting_run_id=data.conflicting_run_id)
         received = self._of(cid, EventType.HOOK_RECEIVED)
         if consumed < len(received):
             ev = received[consumed]
             self._advance(ev)
-            return ev.data["payload"], consumed + 1
+            return ev.data_as(HookReceivedData).payload, consumed + 1
         for ev in self._of(cid, EventType.HOOK_DISPOSED):
-            taken_by = ev.data.get("taken_by")
+            taken_by = ev.data_as(HookDisposedData).taken_by
             if taken_by:  # another run's forced claim took the token (see Effects.take_token)
                 self._advance(ev)
                 created = self._of(cid, EventType.HOOK_CREATED)
-                token = str(created[0].data.get("token", "")) if created else ""
+                token = created[0].data_as(HookCreatedData).token if created else ""
                 # the message names no token: it is recorded as the run's error where it fails the run
                 raise HookConflict(
                     f"the token of hook {cid} was taken over by run {taken_by}",
@@ -652,4 +680,4 @@ class Replay:
                 return
         if any(ev.correlation_id == cid for ev in self.pending):
             return
-        self.pending.append(NewEvent(EventType.HOOK_DISPOSED, cid))
+        self.pending.append(NewEvent.of(HookDisposedData(), cid))
