@@ -12,7 +12,8 @@ at most one wake-up, which a pending one deduplicates; on SQS one per step, each
 ``--steps`` takes a comma-separated list (``1000,2000,4000``) to show how the time scales. ``aws`` runs against a moto
 server in this process (DynamoDB requests served one at a time, SQS concurrently); moto copies the whole table on
 every ``TransactWriteItems``, so its times grow with the table and measure moto more than the World (issue #33,
-item 4); ``--fast-moto`` replaces that copy with an undo log (:mod:`bench.moto_undo`). ``postgres`` uses a scratch schema on ``--database-url``; ``sqlite`` a file in a temporary folder.
+item 4); ``--fast-moto`` replaces that copy with an undo log (:mod:`bench.moto_undo`) and moto's scans of a whole
+SQS queue per receipt handle with an index (:mod:`bench.moto_sqs`). ``postgres`` uses a scratch schema on ``--database-url``; ``sqlite`` a file in a temporary folder.
 """
 
 from __future__ import annotations
@@ -68,9 +69,10 @@ def world_env(kind: str, database_url: str, *, fast_moto: bool = False) -> Itera
     from celery_workflow.world_sqs import create_table
 
     if fast_moto:
-        from bench import moto_undo
+        from bench import moto_sqs, moto_undo
 
         moto_undo.install()
+        moto_sqs.install()
     server = MotoServer()
     server.reset()  # moto's backends live in this process: nothing of an earlier width is left
     try:
@@ -203,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--fast-moto",
         action="store_true",
-        help="aws: an undo log instead of moto's copy of the whole table per transaction action (bench/moto_undo.py)",
+        help="aws: an undo log instead of moto's copy of the whole table per transaction action (bench/moto_undo.py),"
+        " and an index of SQS receipt handles instead of moto's scan of the queue per handle (bench/moto_sqs.py)",
     )
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the worker and drop the scratch World on the way out
