@@ -255,3 +255,26 @@ def test_a_writer_that_dies_mid_split_strands_nothing(world: AWSWorld, monkeypat
     assert len(created) == len(set(created)) == 100
     started = [e.correlation_id for e in world.list_events(run.id) if e.event_type is EventType.STEP_STARTED]
     assert sorted(started) == sorted(created)  # each step ran once
+
+
+def test_a_split_fan_out_on_a_fifo_queue_completes(aws: Aws) -> None:
+    """On a FIFO queue (one message of a run at a time) the split write holds and ends its hold the same way."""
+    ordered = aws.queue("ordered.fifo", fifo=True)
+    world = aws.world(queues={"ordered": ordered})
+    wf = Workflows(Celery("awsholdfifo"), world=world, configure_broker=False)
+
+    @wf.step(queue="ordered")
+    def one(i: int) -> int:
+        return i
+
+    @wf.workflow(queue="ordered")
+    def fan(n: int) -> int:
+        return sum(gather(*[one.start(i) for i in range(n)]))
+
+    run = fan.start(100)
+    view = LocalWorker(wf, backoff=lambda attempts: 0.05).run_until_complete(run, timeout=120)
+    assert view.status is RunStatus.COMPLETED, view.error
+    assert run.result(timeout=0) == sum(range(100))
+    assert "pending_wake" not in from_item(world.table.get({"pk": run_pk(run.id), "sk": META}) or {})
+    world.close()
+    wf.close()
