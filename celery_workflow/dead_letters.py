@@ -41,7 +41,8 @@ from celery_workflow.errors import (
     RunTerminal,
     WorldError,
 )
-from celery_workflow.events import EventType, NewEvent
+from celery_workflow.event_data import RunFailedData
+from celery_workflow.events import NewEvent
 
 __all__ = [
     "DEFAULT_MAX_DELIVERIES",
@@ -235,7 +236,7 @@ def fail_run(world: Any, letter: DeadLetter) -> bool:
     if not letter.run_id or outage(letter):
         return False
     try:
-        world.append(letter.run_id, [NewEvent(EventType.RUN_FAILED, None, {"error": cause(letter)})])
+        world.append(letter.run_id, [NewEvent.of(RunFailedData(error=cause(letter)))])
     except (RunTerminal, NotFound):
         return False
     return True

@@ -166,8 +166,8 @@ def _reader(hint: Any) -> Callable[[Any], Any] | None:
     if hint is datetime:
         return _time
     kind = origin or hint
-    what = {str: "a string", bool: "a boolean", int: "an integer", dict: "a JSON object"}[kind]
-    check: type | tuple[type, ...] = Mapping if kind is dict else kind
+    what = {str: "a string", bool: "a boolean", int: "an integer", Mapping: "a JSON object"}[kind]
+    check: type = kind
 
     def typed(v: Any) -> Any:
         if not isinstance(v, check) or (kind is int and isinstance(v, bool)):
@@ -215,7 +215,7 @@ class RunCompletedData(EventData):
 @_event(EventType.RUN_FAILED)
 @dataclass(frozen=True, slots=True)
 class RunFailedData(EventData):
-    error: dict[str, Any]
+    error: Mapping[str, Any]
     code: str | None = None  # e.g. REPLAY_DIVERGENCE
 
 
@@ -250,13 +250,13 @@ class StepCompletedData(EventData):
 @_event(EventType.STEP_FAILED)
 @dataclass(frozen=True, slots=True)
 class StepFailedData(EventData):
-    error: dict[str, Any]
+    error: Mapping[str, Any]
 
 
 @_event(EventType.STEP_RETRYING)
 @dataclass(frozen=True, slots=True)
 class StepRetryingData(EventData):
-    error: dict[str, Any]
+    error: Mapping[str, Any]
     retry_after: datetime | None = None
 
 

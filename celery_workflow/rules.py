@@ -221,9 +221,7 @@ def keys_of(new_events: Iterable[NewEvent]) -> Keys:
         elif ev.event_type in HOOK_EVENTS:
             hooks.add(cid)
             if ev.event_type is EventType.HOOK_CREATED:
-                token = ev.data.get("token")  # keys are read before validation: a bad token is refused later
-                if isinstance(token, str):
-                    tokens.add(token)
+                tokens.add(ev.data_as(HookCreatedData).token)  # EventInvalid for a malformed one
         elif ev.event_type in WAIT_EVENTS:
             waits.add(cid)
     ending = any(ev.event_type in RUN_END_STATUS for ev in new_events)

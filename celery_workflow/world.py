@@ -32,6 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from celery_workflow import codec
 from celery_workflow.errors import ConfigurationError
+from celery_workflow.event_data import RunCreatedData
 from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
 
 T = TypeVar("T")
@@ -110,12 +111,8 @@ class NewRun:
     continues: str | None = None
 
     def event_data(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"workflow_name": self.workflow_name, "input": self.input}
-        if self.queue is not None:
-            data["queue"] = self.queue
-        if self.continues is not None:
-            data["continues"] = self.continues
-        return data
+        """The data of the run's ``run_created``."""
+        return RunCreatedData(self.workflow_name, self.input, self.queue, self.continues).to_data()
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,8 @@ from celery_workflow import codec
 from celery_workflow.cli.session import Session, echo_json, get_run, is_tty
 from celery_workflow.cli.text import shown
 from celery_workflow.errors import RunTerminal
-from celery_workflow.events import EventType, NewEvent, RunStatus, RunView, StepView
+from celery_workflow.event_data import RunCancelledData
+from celery_workflow.events import NewEvent, RunStatus, RunView, StepView
 from celery_workflow.rpc import event_data, event_json, run_json, step_json
 from celery_workflow.runtime.continuation import continued_as
 from celery_workflow.worker_setup import unserved
@@ -126,7 +127,7 @@ def cancel_run(session: Session, run_id: str, reason: str) -> None:
     world = session.world
     get_run(world, run_id)
     try:
-        run = world.append(run_id, [NewEvent(EventType.RUN_CANCELLED, None, {"reason": reason} if reason else {})]).run
+        run = world.append(run_id, [NewEvent.of(RunCancelledData(reason=reason or None))]).run
     except RunTerminal:
         raise click.ClickException(f"run {shown(run_id)} has ended ({world.get_run(run_id).status.value})") from None
     click.echo(f"{shown(run.run_id)} {run.status.value}")
@@ -196,7 +197,7 @@ def _ending(world: World, view: RunView) -> None:
         click.echo(f"error   {shown(error.get('type', 'Error'))}: {shown(error.get('message', ''))}")
     else:
         last = world.list_events(view.run_id, after_slot=max(view.event_count - 1, 0))
-        reason = next((e.data.get("reason") for e in last if e.event_type is EventType.RUN_CANCELLED), None)
+        reason = next((e.body.reason for e in last if isinstance(e.body, RunCancelledData)), None)
         click.echo("cancelled" + (f": {shown(reason)}" if reason else ""))
 
 

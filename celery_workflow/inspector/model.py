@@ -27,6 +27,15 @@ from typing import Any
 
 from celery_workflow import codec
 from celery_workflow.errors import PayloadError
+from celery_workflow.event_data import (
+    HookCreatedData,
+    StepCompletedData,
+    StepCreatedData,
+    StepFailedData,
+    StepRetryingData,
+    StepStartedData,
+    WaitCreatedData,
+)
 from celery_workflow.events import Event, EventType, RunStatus, RunView
 from celery_workflow.rpc import TOKEN_EVENTS, TOKEN_FIELDS
 from celery_workflow.world import Page, World
@@ -45,10 +54,9 @@ MAX_WHOLE = 4 * 1_048_576
 #: The most events the timeline reads (in pages of :data:`EVENT_BATCH`).
 MAX_TIMELINE_EVENTS = 10_000
 EVENT_BATCH = 100
-#: The event data fields the run page keeps (:func:`slim`); a step's result is kept as a cut preview.
-TIMELINE_FIELDS = frozenset(
-    {"step_name", "mode", "queue", "attempt", "owner", "retry_after", "resume_at", "is_webhook", "continues"}
-)
+#: The event data fields holding values of any size, which the run page drops (:func:`slim`); a step's result is
+#: kept as a cut preview.
+PAYLOAD_FIELDS = frozenset({"input", "output", "result", "payload", "metadata", "respond_with", "continued_with"})
 
 
 # -- formatting --------------------------------------------------------------------------------------------------------
@@ -221,13 +229,14 @@ def _cut_error(error: Any) -> Any:
 
 
 def slim(ev: Event) -> Event:
-    """``ev`` with only the data the timeline shows: :data:`TIMELINE_FIELDS`, an error cut for a list and, for a
-    completed step, its result as a cut preview (``result_shown``)."""
-    data: dict[str, Any] = {k: v for k, v in ev.data.items() if k in TIMELINE_FIELDS}
-    if "error" in ev.data:
-        data["error"] = _cut_error(ev.data["error"])
-    if ev.event_type is EventType.STEP_COMPLETED:
-        data["result_shown"] = preview(ev.data.get("result"))
+    """``ev`` with only the data the timeline shows: the fields of its type but :data:`PAYLOAD_FIELDS` (None), an
+    error cut for a list and, for a completed step, its result as a cut preview (a :class:`Shown`)."""
+    known = ev.body.NAMES
+    data: dict[str, Any] = {k: None if k in PAYLOAD_FIELDS else v for k, v in ev.data.items() if k in known}
+    if "error" in data:
+        data["error"] = _cut_error(data["error"])
+    if isinstance(ev.body, StepCompletedData):
+        data["result"] = preview(ev.body.result)
     return dataclasses.replace(ev, data=data)
 
 
@@ -260,28 +269,25 @@ def timeline(run: RunView, events: Iterable[Event], queue_of: QueueOf | None = N
         if cid is None:
             continue
         kind = ev.event_type
+        body = ev.body
         item = items.get(cid)
-        if kind is EventType.STEP_CREATED:
-            name = str(ev.data.get("step_name", cid))
-            mode = str(ev.data.get("mode")) if ev.data.get("mode") else None
+        if isinstance(body, StepCreatedData):
+            queue = _step_queue(run, body, queue_of)
             items[cid] = Item(
-                "step", cid, name, "pending", ev.slot, ev.created_at, mode=mode, queue=_step_queue(run, ev, queue_of)
+                "step", cid, body.step_name, "pending", ev.slot, ev.created_at, mode=body.mode, queue=queue
             )
-        elif kind is EventType.STEP_STARTED and item is not None:
-            number = int(ev.data.get("attempt", len(item.attempts) + 1))
-            item.attempts.append(Attempt(number, ev.created_at, owner=ev.data.get("owner")))
+        elif isinstance(body, StepStartedData) and item is not None:
+            number = body.attempt or len(item.attempts) + 1
+            item.attempts.append(Attempt(number, ev.created_at, owner=body.owner))
             item.status = "running"
         elif kind in (EventType.STEP_COMPLETED, EventType.STEP_FAILED, EventType.STEP_RETRYING) and item is not None:
             _end_attempt(item, ev)
-        elif kind is EventType.WAIT_CREATED:
-            due = ev.data.get("resume_at")
-            items[cid] = Item(
-                "sleep", cid, "sleep", "waiting", ev.slot, ev.created_at, due_at=_parse(due) if due else None
-            )
+        elif isinstance(body, WaitCreatedData):
+            items[cid] = Item("sleep", cid, "sleep", "waiting", ev.slot, ev.created_at, due_at=body.resume_at)
         elif kind is EventType.WAIT_COMPLETED and item is not None:
             item.status, item.ended_at = "completed", ev.created_at
         elif kind in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
-            webhook = bool(ev.data.get("is_webhook"))
+            webhook = isinstance(body, HookCreatedData) and body.is_webhook
             status = "conflict" if kind is EventType.HOOK_CONFLICT else "waiting"
             items[cid] = Item("hook", cid, "webhook" if webhook else "hook", status, ev.slot, ev.created_at)
         elif kind is EventType.HOOK_RECEIVED and item is not None:
@@ -295,13 +301,12 @@ def timeline(run: RunView, events: Iterable[Event], queue_of: QueueOf | None = N
     return sorted(items.values(), key=lambda i: i.slot)
 
 
-def _step_queue(run: RunView, created: Event, queue_of: QueueOf | None) -> str | None:
-    recorded = created.data.get("queue")
-    if isinstance(recorded, str) and recorded:
-        return recorded
-    if created.data.get("mode") == "inline":
+def _step_queue(run: RunView, created: StepCreatedData, queue_of: QueueOf | None) -> str | None:
+    if created.queue:
+        return created.queue
+    if created.mode == "inline":
         return run.queue
-    routed = queue_of(str(created.data.get("step_name"))) if queue_of is not None else UNKNOWN
+    routed = queue_of(created.step_name) if queue_of is not None else UNKNOWN
     if routed == UNKNOWN:
         return None
     return routed or run.queue
@@ -317,24 +322,17 @@ def _end_attempt(item: Item, ev: Event) -> None:
         EventType.STEP_FAILED: "failed",
         EventType.STEP_RETRYING: "retrying",
     }[ev.event_type]
-    attempt.error = ev.data.get("error")
-    retry_after = ev.data.get("retry_after")
-    attempt.retry_after = _parse(retry_after) if retry_after else None
-    if ev.event_type is EventType.STEP_COMPLETED:
+    body = ev.body
+    if isinstance(body, StepCompletedData):
         item.status, item.ended_at = "completed", ev.created_at
-        shown = ev.data.get("result_shown")
-        item.output = shown if isinstance(shown, Shown) else preview(ev.data.get("result"))
-    elif ev.event_type is EventType.STEP_FAILED:
-        item.status, item.ended_at, item.error = "failed", ev.created_at, ev.data.get("error")
-    else:  # retrying: pending again until its next attempt
-        item.status, item.error = "pending", ev.data.get("error")
-
-
-def _parse(value: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
+        shown = body.result
+        item.output = shown if isinstance(shown, Shown) else preview(shown)
+    elif isinstance(body, StepFailedData):
+        attempt.error = body.error
+        item.status, item.ended_at, item.error = "failed", ev.created_at, body.error
+    elif isinstance(body, StepRetryingData):  # pending again until its next attempt
+        attempt.error, attempt.retry_after = body.error, body.retry_after
+        item.status, item.error = "pending", body.error
 
 
 def event_data(ev: Event) -> dict[str, Any]:

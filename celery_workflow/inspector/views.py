@@ -324,7 +324,7 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
             "run.html",
             run=view,
             no_consumer=bool(worker_setup.unserved(w, [view])),
-            continues=continuation.predecessor_of(events[0]) if events else None,
+            continues=continuation.predecessor_of(events[0].body) if events else None,
             continued_as=continuation.continued_as(w, view),
             timeline=items[first_item : first_item + TIMELINE_PAGE],
             timeline_from=first_item,

@@ -241,16 +241,6 @@ _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABC
 _VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
-def webhook_options(data: Mapping[str, Any]) -> tuple[bool, bool]:
-    """``(many, keep_credentials)`` of a webhook, from the data of its ``hook_created`` event.
-
-    Webhooks recorded before these options existed have neither key: they stay *many* (a run in flight may iterate
-    its webhook, and refusing its second request would strand it) and, like every webhook, lose their credential
-    headers from then on (dropping a header strands nothing).
-    """
-    return bool(data.get("many", True)), bool(data.get("keep_credentials", False))
-
-
 def check_status(status: Any, what: str) -> int:
     """``status`` if it is an int in :data:`RESPONSE_STATUSES`; InvalidWebhookResponse if not."""
     if isinstance(status, bool) or not isinstance(status, int) or status not in RESPONSE_STATUSES:

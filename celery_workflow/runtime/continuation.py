@@ -22,7 +22,8 @@ from datetime import timedelta
 from typing import Literal
 
 from celery_workflow.errors import NotFound
-from celery_workflow.events import Event, EventType, RunStatus, RunView
+from celery_workflow.event_data import EventData, RunCompletedData, RunCreatedData
+from celery_workflow.events import EventType, RunStatus, RunView
 from celery_workflow.world import World
 
 #: How long after its creation a successor checks that its predecessor handed over (normally it is woken at once).
@@ -47,10 +48,9 @@ def successor_id(run_id: str, *, skip: int = 0) -> str:
     return root + suffix
 
 
-def predecessor_of(created: Event) -> str | None:
-    """The run a run's ``run_created`` event says it continues, if any."""
-    value = created.data.get("continues") if created.event_type is EventType.RUN_CREATED else None
-    return value if isinstance(value, str) else None
+def predecessor_of(created: EventData) -> str | None:
+    """The run a run's ``run_created`` event (its data) says it continues, if any."""
+    return created.continues if isinstance(created, RunCreatedData) else None
 
 
 def continued_as(world: World, view: RunView) -> str | None:
@@ -61,8 +61,7 @@ def continued_as(world: World, view: RunView) -> str | None:
     last = world.list_events(view.run_id, after_slot=max(0, view.event_count - 1))
     if not last or last[-1].event_type is not EventType.RUN_COMPLETED:
         return None
-    value = last[-1].data.get("continued_as")
-    return value if isinstance(value, str) else None
+    return last[-1].data_as(RunCompletedData).continued_as
 
 
 def gate(world: World, run: RunView, predecessor: str) -> Literal["go", "wait", "orphan"]:

@@ -38,10 +38,20 @@ from celery_workflow.errors import (
     WebhookUsed,
     WorldError,
 )
+from celery_workflow.event_data import (
+    HookCreatedData,
+    HookDisposedData,
+    HookReceivedData,
+    RunCancelledData,
+    RunCompletedData,
+    RunFailedData,
+    StepFailedData,
+    StepStartedData,
+)
 from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
 from celery_workflow.runtime import batches, continuation, steps
-from celery_workflow.runtime.context import WebhookRequest, webhook_options
+from celery_workflow.runtime.context import WebhookRequest
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import Outcome, Refused, Replay, Restart, WorldFault
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
@@ -172,11 +182,9 @@ class Runtime:
         if hook.is_webhook:
             return self._receive_webhook(hook, lambda keep_credentials: payload)
         run = self.world.get_run(hook.run_id)
-        data = {"payload": codec.to_json(payload)}
-        codec.check_size(data["payload"], self.max_payload, f"the payload of hook {hook.hook_id}")
-        self.world.append(
-            hook.run_id, [NewEvent(EventType.HOOK_RECEIVED, hook.hook_id, data)], deliveries=[self.wake_delivery(run)]
-        )
+        data = HookReceivedData(payload=codec.to_json(payload))
+        codec.check_size(data.payload, self.max_payload, f"the payload of hook {hook.hook_id}")
+        self.world.append(hook.run_id, [NewEvent.of(data, hook.hook_id)], deliveries=[self.wake_delivery(run)])
         return hook
 
     def resume_webhook(self, token: str, request: WebhookRequest, *, hook: HookView | None = None) -> HookView:
@@ -202,15 +210,15 @@ class Runtime:
         for attempt in range(MAX_RESTARTS):
             run, events = self.world.get_run_with_events(hook.run_id)
             created = next(
-                (e for e in events if e.event_type is EventType.HOOK_CREATED and e.correlation_id == hook.hook_id),
+                (e.body for e in events if isinstance(e.body, HookCreatedData) and e.correlation_id == hook.hook_id),
                 None,
             )
-            if created is None or created.data.get("token") != hook.token:
+            if created is None or created.token != hook.token:
                 raise HookNotFound("no webhook has this token")
-            many, keep_credentials = webhook_options(created.data)
-            data = {"payload": codec.to_json(payload_of(keep_credentials))}
-            codec.check_size(data["payload"], self.max_payload, f"the request to webhook {hook.hook_id}")
-            received = NewEvent(EventType.HOOK_RECEIVED, hook.hook_id, data)
+            many, keep_credentials = created.webhook_options
+            data = HookReceivedData(payload=codec.to_json(payload_of(keep_credentials)))
+            codec.check_size(data.payload, self.max_payload, f"the request to webhook {hook.hook_id}")
+            received = NewEvent.of(data, hook.hook_id)
             if many:
                 self.world.append(hook.run_id, [received], deliveries=[self.wake_delivery(run)])
                 return hook
@@ -227,8 +235,7 @@ class Runtime:
 
     def cancel(self, run_id: str, reason: str | None = None) -> RunView:
         """Write ``run_cancelled``: later deliveries do nothing. RunTerminal if the run already finished."""
-        data = {"reason": reason} if reason else {}
-        return self.world.append(run_id, [NewEvent(EventType.RUN_CANCELLED, None, data)]).run
+        return self.world.append(run_id, [NewEvent.of(RunCancelledData(reason=reason or None))]).run
 
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
@@ -275,7 +282,7 @@ class Runtime:
                 return "mismatch"
             if run.status.terminal:
                 return "ended"
-            predecessor = continuation.predecessor_of(events[0]) if run.status is RunStatus.PENDING else None
+            predecessor = continuation.predecessor_of(events[0].body) if run.status is RunStatus.PENDING else None
             if predecessor is not None:
                 verdict = continuation.gate(self.world, run, predecessor)
                 if verdict == "wait":
@@ -322,17 +329,17 @@ class Runtime:
             log.error("run %s: the World refused its write (%s); failing the run", run.run_id, exc)
             replay.discard()
             try:
-                replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": steps.error_info(exc)})], final=True)
+                replay.write([NewEvent.of(RunFailedData(error=steps.error_info(exc)))], final=True)
             except Refused as again:
                 raise again.error from exc
             return "failed"
 
     def _settle(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
         if outcome.kind == "completed":
-            replay.write([NewEvent(EventType.RUN_COMPLETED, None, {"output": outcome.output})], final=True)
+            replay.write([NewEvent.of(RunCompletedData(output=outcome.output))], final=True)
             return "completed"
         if outcome.kind == "failed":
-            replay.write([NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error})], final=True)
+            replay.write([NewEvent.of(RunFailedData(error=outcome.error or {}))], final=True)
             return "failed"
         if outcome.kind == "continued":
             return self._hand_over(run, replay, outcome.output)
@@ -342,7 +349,7 @@ class Runtime:
                 raise ReplayDivergence(f"run {run.run_id}: {message} (attempt {attempt}, will retry)")
             log.error("run %s diverged from its event log: %s", run.run_id, message)
             replay.write(
-                [NewEvent(EventType.RUN_FAILED, None, {"error": outcome.error, "code": "REPLAY_DIVERGENCE"})],
+                [NewEvent.of(RunFailedData(error=outcome.error or {}, code="REPLAY_DIVERGENCE"))],
                 final=True,
             )
             return "failed"
@@ -386,8 +393,7 @@ class Runtime:
         else:
             raise WorldError(f"run {run.run_id}: no free successor id after {MAX_RESTARTS} tries")
         wake = self.wake_delivery(view)
-        data = {"output": None, "continued_as": succ, "continued_with": successor_input}
-        done = NewEvent(EventType.RUN_COMPLETED, None, data)
+        done = NewEvent.of(RunCompletedData(output=None, continued_as=succ, continued_with=successor_input))
         replay.write([done], [wake], final=True)
         return "continued"
 
@@ -436,7 +442,7 @@ class Runtime:
         try:
             res = self.world.append(
                 run_id,
-                [NewEvent(EventType.STEP_STARTED, step_id, {"owner": delivery_id})],
+                [NewEvent.of(StepStartedData(owner=delivery_id), step_id)],
                 durable=self.every_write_durable,
             )
         except TooEarly as exc:
@@ -454,7 +460,7 @@ class Runtime:
             self.world.enqueue([self.wake_delivery(run)])
             return "done"
         started = res.events[-1]
-        n = int(started.data["attempt"])
+        n = started.data_as(StepStartedData).attempt
         crash_loop = steps.exceeded_starts(sdef, step_id, n)
         if crash_loop is not None:
             return self._record_step(run, step_id, crash_loop, receipt)
@@ -498,7 +504,7 @@ class Runtime:
         """The World refused an attempt's outcome as malformed (a result it cannot store): the step fails at once
         with that cause, as a result over ``max_payload`` does, instead of being retried into the dead letters."""
         log.error("run %s: the World refused the outcome of step %s (%s); failing the step", run.run_id, step_id, exc)
-        failed = NewEvent(EventType.STEP_FAILED, step_id, {"error": steps.error_info(exc)})
+        failed = NewEvent.of(StepFailedData(error=steps.error_info(exc)), step_id)
         return self._record_step(run, step_id, failed, receipt)
 
 
@@ -570,7 +576,7 @@ class _WorkflowEffects:
             owner_run = world.get_run(owner.run_id)
             world.append(
                 owner.run_id,
-                [NewEvent(EventType.HOOK_DISPOSED, owner.hook_id, {"taken_by": self.run.run_id})],
+                [NewEvent.of(HookDisposedData(taken_by=self.run.run_id), owner.hook_id)],
                 deliveries=[self.runtime.wake_delivery(owner_run)],
             )
         except (NotFound, RunTerminal, EntityTerminal):

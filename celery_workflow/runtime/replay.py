@@ -566,7 +566,7 @@ class Replay:
             options=(many, keep_credentials),
             retention=token_retention,
         )
-        # A webhook recorded before ``many`` existed has no flag: it behaves as many (see webhook_options).
+        # A webhook recorded before ``many`` existed has no flag: it behaves as many (see HookCreatedData.webhook_options).
         return Webhook(self, cid, tok, self.base_url, many=data.webhook_options[0] if data is not None else True)
 
     def _hook(

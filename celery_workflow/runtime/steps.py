@@ -9,8 +9,8 @@ from typing import Any
 
 from celery_workflow import codec
 from celery_workflow.errors import FatalError, InvalidWebhookResponse, PayloadError, RetryableError, WorldError
-from celery_workflow.events import EventType, NewEvent
-from celery_workflow.ids import isoformat
+from celery_workflow.event_data import StepCompletedData, StepFailedData, StepRetryingData
+from celery_workflow.events import NewEvent
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import StepContext, StepMetadata
 from celery_workflow.runtime.registry import StepDef
@@ -109,7 +109,7 @@ def exceeded_starts(sdef: StepDef, step_id: str, attempt: int) -> NewEvent | Non
         "type": "MaxRetriesExceeded",
         "message": f"step {sdef.name} started {attempt} times; it has at most {sdef.max_retries} retries",
     }
-    return NewEvent(EventType.STEP_FAILED, step_id, {"error": error})
+    return NewEvent.of(StepFailedData(error=error), step_id)
 
 
 def record(
@@ -121,11 +121,11 @@ def record(
     ``step_retrying`` at :func:`retry_at`. Inline and queued steps both decide here.
     """
     if outcome.ok:
-        return NewEvent(EventType.STEP_COMPLETED, step_id, {"result": outcome.result}), None
+        return NewEvent.of(StepCompletedData(result=outcome.result), step_id), None
     if outcome.fatal or attempt >= sdef.max_retries + 1:
-        return NewEvent(EventType.STEP_FAILED, step_id, {"error": outcome.error}), None
+        return NewEvent.of(StepFailedData(error=outcome.error or {}), step_id), None
     when = retry_at(sdef, outcome, attempt, now)
-    return NewEvent(EventType.STEP_RETRYING, step_id, {"error": outcome.error, "retry_after": isoformat(when)}), when
+    return NewEvent.of(StepRetryingData(error=outcome.error or {}, retry_after=when), step_id), when
 
 
 def retry_at(sdef: StepDef, outcome: StepOutcome, attempt: int, now: datetime) -> datetime:

@@ -26,6 +26,7 @@ from celery import Celery
 
 from celery_workflow.app import Workflows
 from celery_workflow.errors import HookNotFound
+from celery_workflow.event_data import HookCreatedData
 from celery_workflow.events import EventType, NewEvent, RunStatus
 from celery_workflow.runtime import batches
 from celery_workflow.runtime.context import gather
@@ -230,7 +231,7 @@ class FanOutConformance(Conformance):
         assert world.list_hooks(run.run_id) == [] and world.list_waits(run.run_id) == []
         for hook in hooks:
             with pytest.raises(HookNotFound):
-                world.get_hook_by_token(str(hook.data["token"]))
+                world.get_hook_by_token(hook.data_as(HookCreatedData).token)
 
 
 def _wide(limits: AppendLimits, unit: Callable[[int], tuple[NewEvent, Delivery]]) -> list[tuple[NewEvent, Delivery]]:

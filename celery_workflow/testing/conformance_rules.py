@@ -20,6 +20,7 @@ from celery_workflow.errors import (
     TooEarly,
     WaitNotFound,
 )
+from celery_workflow.event_data import HookConflictData, HookReceivedData, StepStartedData
 from celery_workflow.events import EventType, RunStatus, StepStatus, WaitStatus
 from celery_workflow.testing._conformance import (
     Conformance,
@@ -111,7 +112,7 @@ class StepRulesConformance(Conformance):
         )
         assert step.started_at is None and step.created_at == created.created_at
         started = world.append(run.run_id, [ev(EventType.STEP_STARTED, "s")]).events[0]
-        assert started.data["attempt"] == 1
+        assert started.data_as(StepStartedData).attempt == 1
         first = world.get_step(run.run_id, "s")
         assert first.status is StepStatus.RUNNING and first.attempt == 1 and first.started_at is not None
         past = ids.isoformat(ids.utcnow() - timedelta(seconds=1))
@@ -202,7 +203,7 @@ class HookRulesConformance(Conformance):
         )
         assert world.list_hooks(run.run_id) == [hook]
         received = world.append(run.run_id, [ev(EventType.HOOK_RECEIVED, "h", payload={"ok": True})])
-        assert received.events[0].data["payload"] == {"ok": True}
+        assert received.events[0].data_as(HookReceivedData).payload == {"ok": True}
         with pytest.raises(HookNotFound):
             world.get_hook_by_token(unique("tok"))
 
@@ -214,7 +215,7 @@ class HookRulesConformance(Conformance):
         result = world.append(other.run_id, [hook_created("mine", token)])
         (conflict,) = result.events
         assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.correlation_id == "mine"
-        assert conflict.data["token"] == token and conflict.data["conflicting_run_id"] == owner.run_id
+        assert conflict.body == HookConflictData(token=token, conflicting_run_id=owner.run_id)
         assert world.list_hooks(other.run_id) == []
         assert world.get_hook_by_token(token).run_id == owner.run_id
         with pytest.raises(HookNotFound):
@@ -225,7 +226,7 @@ class HookRulesConformance(Conformance):
         token = unique("tok")
         result = world.append(run.run_id, [hook_created("a", token), hook_created("b", token)])
         assert [e.event_type for e in result.events] == [EventType.HOOK_CREATED, EventType.HOOK_CONFLICT]
-        assert result.events[1].data["conflicting_run_id"] == run.run_id
+        assert result.events[1].data_as(HookConflictData).conflicting_run_id == run.run_id
         assert [h.hook_id for h in world.list_hooks(run.run_id)] == ["a"]
 
     def test_hook_disposed_releases_the_token(self, world: World) -> None:
@@ -375,7 +376,7 @@ class TokenRetentionConformance(Conformance):
         claimant = create(world, started=True)
         claims = [hook_created(name, token) for name, token in (("k", kept), ("f", free), ("p", past), ("d", dropped))]
         conflict, *created = world.append(claimant.run_id, claims).events
-        assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == owner.run_id
+        assert conflict.data_as(HookConflictData).conflicting_run_id == owner.run_id
         assert [e.event_type for e in created] == [EventType.HOOK_CREATED] * 3
         later = create(world, started=True)
 
@@ -397,7 +398,7 @@ class TokenRetentionConformance(Conformance):
         assert world.list_hooks(owner.run_id) == []
         claimant = create(world, started=True)
         (conflict,) = world.append(claimant.run_id, [hook_created("h", token)]).events
-        assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == owner.run_id
+        assert conflict.data_as(HookConflictData).conflicting_run_id == owner.run_id
 
     def test_a_run_end_after_a_whole_read_of_the_run_retains_tokens_too(self, world: World) -> None:
         """A World may plan a run's next batch on the whole state it read (the Postgres World's kept snapshots): the
@@ -417,7 +418,7 @@ class TokenRetentionConformance(Conformance):
         world.append(owner.run_id, [ev(EventType.RUN_CANCELLED)])
         claimant = create(world, started=True)
         conflict, created = world.append(claimant.run_id, [hook_created("a", kept), hook_created("b", released)]).events
-        assert conflict.event_type is EventType.HOOK_CONFLICT and conflict.data["conflicting_run_id"] == owner.run_id
+        assert conflict.data_as(HookConflictData).conflicting_run_id == owner.run_id
         assert created.event_type is EventType.HOOK_CREATED
         with pytest.raises(HookNotFound, match=f"run {owner.run_id}, which has ended"):
             world.get_hook_by_token(kept)

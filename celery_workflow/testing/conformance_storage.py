@@ -20,6 +20,7 @@ from celery_workflow.errors import (
     StaleLog,
     StepNotFound,
 )
+from celery_workflow.event_data import RunCreatedData, StepCreatedData
 from celery_workflow.events import EventType, RunStatus
 from celery_workflow.testing._conformance import (
     Conformance,
@@ -66,8 +67,10 @@ class StorageConformance(Conformance):
             EventType.RUN_CREATED,
             None,
         )
-        assert event.data["workflow_name"] == "wf.orders"
-        assert event.data["input"] == {"args": [1, "a"], "kwargs": {}}
+        assert event.body == RunCreatedData(
+            workflow_name="wf.orders", input={"args": [1, "a"], "kwargs": {}}, queue="q1"
+        )
+        assert event.data == event.body.to_data()  # stored as given
         assert world.get_run(run_id) == view
 
     def test_create_run_is_idempotent_by_run_id(self, world: World) -> None:
@@ -122,7 +125,7 @@ class StorageConformance(Conformance):
         assert [e.slot for e in more.events] == [5]
         log = world.list_events(run.run_id)
         assert [e.slot for e in log] == [1, 2, 3, 4, 5]
-        assert log[3].data["input"] == {"args": [3, {"k": "v"}], "kwargs": {}}
+        assert log[3].data_as(StepCreatedData).input == {"args": [3, {"k": "v"}], "kwargs": {}}
         assert log[1:4] == result.events
         assert world.get_run(run.run_id).event_count == 5
 

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from celery_workflow.app import Workflows
-from celery_workflow.errors import ReplayDivergence
+from celery_workflow.errors import EventUnreadable, ReplayDivergence
+from celery_workflow.event_data import RunCompletedData, RunCreatedData, RunFailedData, StepCreatedData
 from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, RunStatus, RunView
 from celery_workflow.ids import isoformat, parse_iso
 from celery_workflow.runtime.registry import StepDef
@@ -78,7 +79,8 @@ class History:
         first = self.events[0]
         if first.event_type is not EventType.RUN_CREATED:
             raise ValueError(f"history of run {self.run_id}: slot 1 is {first.event_type}, not run_created")
-        recorded = (first.data.get("workflow_name"), first.data.get("input"), first.data.get("queue"))
+        created = first.data_as(RunCreatedData)
+        recorded = (created.workflow_name, created.input, created.queue)
         if recorded != (self.workflow_name, self.input, self.queue):
             raise ValueError(
                 f"history of run {self.run_id}: the run fields (workflow, input, queue) disagree with run_created"
@@ -121,8 +123,8 @@ class History:
             created_at=self.created_at,
             updated_at=last.created_at,
             event_count=last.slot,
-            output=end.data.get("output") if end is not None and end.event_type is EventType.RUN_COMPLETED else None,
-            error=end.data.get("error") if end is not None and end.event_type is EventType.RUN_FAILED else None,
+            output=end.body.output if end is not None and isinstance(end.body, RunCompletedData) else None,
+            error=end.body.error if end is not None and isinstance(end.body, RunFailedData) else None,
             started_at=started,
             completed_at=end.created_at if end is not None else None,
         )
@@ -180,7 +182,10 @@ class History:
             if cid is not None and not isinstance(cid, str):
                 raise ValueError(f"{where}.correlation_id must be a string or null")
             data = _mapping(item.get("data"), f"{where}.data")
-            events.append(Event(run_id, slot, kind, cid, copy.deepcopy(dict(data)), _time(item, where)))
+            try:
+                events.append(Event(run_id, slot, kind, cid, copy.deepcopy(dict(data)), _time(item, where)))
+            except EventUnreadable as exc:
+                raise ValueError(f"{where}: {exc}") from None
         if "input" not in run:
             raise ValueError("history.run needs 'input'")
         queue = run.get("queue")
@@ -342,16 +347,16 @@ def _compare(where: str, history: History, result: ReplayResult) -> None:
     elif end.event_type is EventType.RUN_CANCELLED:
         recorded = f"run_cancelled at slot {end.slot}"
         same = result.status == "suspended"
-    elif end.event_type is EventType.RUN_COMPLETED and "continued_as" in end.data:
-        handed = end.data.get("continued_with")
-        recorded = f"run_completed at slot {end.slot} handing over to {end.data['continued_as']} with {_json(handed)}"
+    elif isinstance(end.body, RunCompletedData) and end.body.continued_as is not None:
+        handed = end.body.continued_with
+        recorded = f"run_completed at slot {end.slot} handing over to {end.body.continued_as} with {_json(handed)}"
         same = result.status == "continued" and _canonical(result.output) == _canonical(handed)
-    elif end.event_type is EventType.RUN_COMPLETED:
-        output = end.data.get("output")
+    elif isinstance(end.body, RunCompletedData):
+        output = end.body.output
         recorded = f"run_completed at slot {end.slot} with output {_json(output)}"
         same = result.status == "completed" and _canonical(result.output) == _canonical(output)
     else:
-        err = end.data.get("error") or {}
+        err = end.data_as(RunFailedData).error
         recorded = f"run_failed at slot {end.slot} with {err.get('type')}: {err.get('message')}"
         mine = result.error or {}
         same = result.status == "failed" and (mine.get("type"), mine.get("message")) == (
@@ -391,7 +396,7 @@ def _describe(events: Sequence[NewEvent]) -> str:
     parts = []
     for ev in events:
         text = _event(ev)
-        if ev.event_type is EventType.STEP_CREATED:
-            text += f" with input {_json(ev.data.get('input'), 120)}"
+        if isinstance(ev.body, StepCreatedData):
+            text += f" with input {_json(ev.body.input, 120)}"
         parts.append(text)
     return ", ".join(parts)
