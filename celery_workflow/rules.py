@@ -334,7 +334,7 @@ class _State:
         elif kind in WAIT_EVENTS:
             self._wait_event(ev)
         else:  # a type without a rule is refused, never taken for another family's
-            raise EventInvalid(f"no transition rule for event type {kind!r}")
+            raise EventInvalid(f"no transition rule for event type {str(kind)!r}")
 
     # -- run ---------------------------------------------------------------------------------------------------------
 
