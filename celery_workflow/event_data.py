@@ -83,7 +83,7 @@ class EventData:
     def from_data(cls, data: Mapping[str, Any], *, writing: bool = True) -> Self:
         """The typed view of ``data``; ValueError (naming the field) when it does not fit. ``writing``: refuse
         fields this version does not know (else they are ignored: see the module's docstring)."""
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):
             raise ValueError(f"data must be a JSON object, not {type(data).__name__}")
         if writing and not cls.NAMES.issuperset(data):
             unknown = ", ".join(repr(k) for k in data if k not in cls.NAMES)
