@@ -294,6 +294,7 @@ class HookReceivedData(EventData):
 @dataclass(frozen=True, slots=True)
 class HookDisposedData(EventData):
     taken_by: str | None = None  # the run whose forced claim took the token over
+    token: str | None = None  # that token, as versions before issue #26 recorded it (no longer written)
 
 
 @_event(EventType.HOOK_CONFLICT)

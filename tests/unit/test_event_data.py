@@ -76,7 +76,7 @@ SAMPLES: dict[EventType, list[dict[str, Any]]] = {
         },
     ],
     EventType.HOOK_RECEIVED: [{"payload": None}, {"payload": {"ok": True}}],
-    EventType.HOOK_DISPOSED: [{}, {"taken_by": "wrun_b"}],
+    EventType.HOOK_DISPOSED: [{}, {"taken_by": "wrun_b"}, {"taken_by": "wrun_b", "token": "t"}],  # the last: before #26
     EventType.HOOK_CONFLICT: [{"token": "t", "conflicting_run_id": "wrun_b"}],
     EventType.WAIT_CREATED: [{"resume_at": "2026-12-05T08:00:05+00:00"}],
     EventType.WAIT_COMPLETED: [{}],
