@@ -74,7 +74,15 @@ from celery_workflow.errors import (
     WorldError,
 )
 from celery_workflow.events import RunStatus
-from celery_workflow.rpc import METHODS, InvalidParams, Methods
+from celery_workflow.rpc import (  # the body limits live with the RPC's vocabulary; importable from here as before
+    BODY_ROOM,
+    METHODS,
+    WEBHOOK_ROOM,
+    InvalidParams,
+    Methods,
+    default_max_body,
+    webhook_room,
+)
 from celery_workflow.runtime.context import (
     WebhookRequest,
     check_headers,
@@ -93,16 +101,22 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 if TYPE_CHECKING:
     from celery_workflow.app import Workflows
 
-#: Room for the JSON envelope (method, parameter names, escapes) an RPC body may take beyond the World's
-#: ``max_payload``. With ``max_body=None`` (the default) the RPC endpoint accepts ``world.max_payload + BODY_ROOM``
-#: bytes and a webhook what :func:`default_max_body` says (its body is stored base64-encoded beside its headers).
-#: An RPC value that passes the body limit but not the World's (non-ASCII sent as ``\u`` escapes) is still refused
-#: with 413 before anything is written; pass ``max_body=`` to choose another limit.
-BODY_ROOM = 64 * 1024
-#: Room a webhook request's method, headers and query string take in the World beside its body (as recorded, in
-#: bytes of JSON): a request whose headers need more gets ``431`` and records nothing. A World whose ``max_payload``
-#: is under four times this gives them a quarter of it.
-WEBHOOK_ROOM = 16 * 1024
+__all__ = [
+    "BODY_ROOM",
+    "EXTENSION_KEY",
+    "WEBHOOK_METHODS",
+    "WEBHOOK_RESPONSE_TIMEOUT",
+    "WEBHOOK_ROOM",
+    "Authorize",
+    "blueprint",
+    "default_max_body",
+    "error_response",
+    "inspector_blueprint",
+    "rpc_blueprint",
+    "webhook_blueprint",
+    "webhook_room",
+]
+
 #: How long a webhook caller waits for a ``respond_with="manual"`` response.
 WEBHOOK_RESPONSE_TIMEOUT = 30.0
 EXTENSION_KEY = "celery_workflow"
@@ -147,21 +161,6 @@ def error_response(exc: BaseException) -> Response:
     if isinstance(exc, CeleryWorkflowError):
         return _error(400, "invalid_request", exc.message)
     raise exc
-
-
-def webhook_room(wf: Workflows) -> int:
-    """The bytes a webhook request's method, headers and query string may take as recorded (:data:`WEBHOOK_ROOM`,
-    or a quarter of a small World's ``max_payload``)."""
-    return min(WEBHOOK_ROOM, wf.runtime.max_payload // 4)
-
-
-def default_max_body(wf: Workflows, *, webhook: bool = False) -> int:
-    """The body limit ``max_body=None`` stands for: what ``wf``'s World can store. For the RPC, ``max_payload`` and
-    :data:`BODY_ROOM`; for a webhook, the largest body whose base64 encoding fits in ``max_payload`` beside
-    :func:`webhook_room` bytes of method, headers and query string: a body of exactly this size is accepted (with
-    headers within the room), one byte more is 413."""
-    limit = wf.runtime.max_payload
-    return (limit - webhook_room(wf)) // 4 * 3 if webhook else limit + BODY_ROOM
 
 
 def _read_body(limit: int) -> bytes | Response:

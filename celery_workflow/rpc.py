@@ -30,6 +30,16 @@ from celery_workflow.runtime.continuation import continued_as
 if TYPE_CHECKING:
     from celery_workflow.app import Workflows
 
+#: Room for the JSON envelope (method, parameter names, escapes) an RPC body may take beyond the World's
+#: ``max_payload``. With ``max_body=None`` (the default) the RPC endpoint accepts ``world.max_payload + BODY_ROOM``
+#: bytes and a webhook what :func:`default_max_body` says (its body is stored base64-encoded beside its headers).
+#: An RPC value that passes the body limit but not the World's (non-ASCII sent as ``\u`` escapes) is still refused
+#: with 413 before anything is written; pass ``max_body=`` to choose another limit.
+BODY_ROOM = 64 * 1024
+#: Room a webhook request's method, headers and query string take in the World beside its body (as recorded, in
+#: bytes of JSON): a request whose headers need more gets ``431`` and records nothing. A World whose ``max_payload``
+#: is under four times this gives them a quarter of it.
+WEBHOOK_ROOM = 16 * 1024
 #: Longest a single RPC call may block (``wait`` of get_run / read_stream).
 MAX_WAIT = 30.0
 #: The largest listing answer (``list_runs``, ``list_events``, ``list_steps``, ``read_stream``), in bytes of JSON: a
@@ -49,6 +59,21 @@ TOKEN_EVENTS = frozenset(
     {EventType.HOOK_CREATED, EventType.HOOK_CONFLICT, EventType.HOOK_DISPOSED, EventType.HOOK_RECEIVED}
 )
 TOKEN_FIELDS = frozenset({"token"})
+
+
+def webhook_room(wf: Workflows) -> int:
+    """The bytes a webhook request's method, headers and query string may take as recorded (:data:`WEBHOOK_ROOM`,
+    or a quarter of a small World's ``max_payload``)."""
+    return min(WEBHOOK_ROOM, wf.runtime.max_payload // 4)
+
+
+def default_max_body(wf: Workflows, *, webhook: bool = False) -> int:
+    """The body limit ``max_body=None`` stands for: what ``wf``'s World can store. For the RPC, ``max_payload`` and
+    :data:`BODY_ROOM`; for a webhook, the largest body whose base64 encoding fits in ``max_payload`` beside
+    :func:`webhook_room` bytes of method, headers and query string: a body of exactly this size is accepted (with
+    headers within the room), one byte more is 413."""
+    limit = wf.runtime.max_payload
+    return (limit - webhook_room(wf)) // 4 * 3 if webhook else limit + BODY_ROOM
 
 
 class InvalidParams(CeleryWorkflowError):

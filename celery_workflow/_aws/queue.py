@@ -45,7 +45,6 @@ from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed, Table
 from celery_workflow._aws.items import from_item, to_item
-from celery_workflow._aws.schedules import schedule_name
 from celery_workflow._aws.table import META, queue_pk, run_pk
 from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
@@ -54,7 +53,7 @@ from celery_workflow.world import ClaimedDelivery, Delivery
 if TYPE_CHECKING:
     from celery_workflow._aws.world import AWSWorld
 
-__all__ = ["Receipt", "Record", "SQSQueue", "body_of", "schedule_name", "scheduled"]
+__all__ = ["Receipt", "Record", "SQSQueue", "body_of", "scheduled"]
 
 log = logging.getLogger("celery_workflow.aws")
 

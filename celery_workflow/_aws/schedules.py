@@ -31,11 +31,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from celery_workflow import ids
 from celery_workflow._aws.config import QueueConfig
+from celery_workflow._aws.queue import Record
 from celery_workflow._aws.table import META, queue_pk
 from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
 
 if TYPE_CHECKING:
-    from celery_workflow._aws.queue import Record
     from celery_workflow._aws.world import AWSWorld
 
 __all__ = ["SCHEDULE_PREFIX", "Schedules", "schedule_name"]
@@ -114,8 +114,6 @@ class Schedules:
         Best effort, after the run's end committed: an error is logged and what is left fires as before (its
         delivery finds the run ended). Without a Scheduler in this World's config (an API that only serves HTTP)
         nothing is deleted: the schedules fire and are acknowledged."""
-        from celery_workflow._aws.queue import Record
-
         if not record_ids or self.world.config.scheduler is None:
             return 0
         table = self.world.table

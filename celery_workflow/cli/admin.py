@@ -6,7 +6,7 @@
   migrated) its World already, unless it was opened with ``migrate=False``. Worlds without a schema (AWS) say so.
 * ``sweep-expired`` deletes the ended runs past their retention, as the World's own configuration sets it
   (``PostgresConfig(retention=…)``): run it as ``celery -A app workflow sweep-expired``.
-* ``inspector`` serves the run inspector (:func:`celery_workflow.inspector.serve`) until interrupted.
+* ``inspector`` serves the run inspector (:func:`celery_workflow.inspector.server.serve`) until interrupted.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def create_table(name: str, timeout: float) -> None:
 def inspector(session: Session, host: str, port: int, allow_actions: bool) -> None:
     """Serve the run inspector (runs, timeline, events, streams) until interrupted."""
     try:
-        from celery_workflow.inspector import serve
+        from celery_workflow.inspector.server import serve
     except ImportError as exc:
         raise click.ClickException(f"the run inspector is not available: {exc}") from exc
     click.echo(f"run inspector on http://{host}:{port}/ (Ctrl-C stops it)", err=True)

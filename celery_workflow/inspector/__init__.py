@@ -1,7 +1,7 @@
 """A run inspector in the browser: server-rendered pages over the World protocol, so it works on every World.
 
     flask_app.register_blueprint(api.inspector_blueprint(wf, authorize=check), url_prefix="/inspector")
-    celery_workflow.inspector.serve(wf_or_world, port=8000)        # a server of its own (read-only by default)
+    celery_workflow.inspector.server.serve(wf_or_world, port=8000)  # a server of its own (read-only by default)
 
 Pages:
 
@@ -15,11 +15,14 @@ Pages:
 
 Actions (POST forms with a CSRF token): cancel a run, resume a hook with a JSON payload, redrive a dead letter. Who
 may do what: :mod:`.guard` (without ``authorize`` the inspector is read-only unless ``allow_actions=True``).
+
+The server of its own (:mod:`.server`: ``serve``, ``make_app``, ``as_workflows``) is not imported here: it wraps a
+bare World in a :class:`~celery_workflow.app.Workflows`, and ``app`` reaches this package through
+``Workflows.blueprint`` and ``api.inspector_blueprint`` (importing it here would close an import loop).
 """
 
 from __future__ import annotations
 
 from celery_workflow.inspector.factory import make_blueprint as blueprint
-from celery_workflow.inspector.server import as_workflows, make_app, serve
 
-__all__ = ["as_workflows", "blueprint", "make_app", "serve"]
+__all__ = ["blueprint"]

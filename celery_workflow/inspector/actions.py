@@ -23,10 +23,10 @@ from flask import Blueprint, redirect, request, url_for
 from werkzeug.wrappers import Response
 
 from celery_workflow import codec
-from celery_workflow.api import default_max_body
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.inspector import guard, model
 from celery_workflow.inspector.views import Inspector, Problem, links, whole
+from celery_workflow.rpc import default_max_body
 
 #: The longest cancellation reason.
 MAX_REASON = 1000

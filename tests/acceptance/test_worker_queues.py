@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from celery_workflow.cli import workflow
 from celery_workflow.events import RunStatus
-from celery_workflow.inspector import make_app
+from celery_workflow.inspector.server import make_app
 
 from .workers import Worker, imported_app, postgres_schema
 

@@ -20,9 +20,8 @@ import pytest
 from celery import Celery
 
 from celery_workflow import Workflows, create_hook, get_writable, sleep
-from celery_workflow.inspector import make_app
 from celery_workflow.inspector.model import show_time
-from celery_workflow.inspector.server import LOOPBACK_NAMES
+from celery_workflow.inspector.server import LOOPBACK_NAMES, make_app
 from celery_workflow.testing import LocalWorker
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -19,7 +19,8 @@ from celery_workflow import Workflows, continue_as_new, create_hook, create_webh
 from celery_workflow.api import inspector_blueprint
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.events import EventType
-from celery_workflow.inspector import blueprint, make_app
+from celery_workflow.inspector import blueprint
+from celery_workflow.inspector.server import make_app
 from celery_workflow.inspector.views import RUN_CHUNKS
 from celery_workflow.testing import LocalWorker
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401

@@ -3,8 +3,10 @@
 DESIGN §2 says which way imports point; these tests read every module of ``celery_workflow`` with :mod:`ast` and
 fail on:
 
-* an import loop among module-level imports (imports inside functions and under ``TYPE_CHECKING`` are how a module
-  defers a dependency, so they are left out of the loop check, but not of the boundary checks below);
+* an import loop: among the imports that run (at module level or inside a function: an import deferred into a
+  function is a loop in disguise when it closes one), where importing ``pkg.sub`` from outside ``pkg`` runs
+  ``pkg/__init__.py`` too; imports under ``TYPE_CHECKING`` never run, so they are left out of the loop check (but not
+  of the boundary checks below);
 * a backend importing another backend (a backend is its public facade, its private package and its transport);
 * ``world.py`` importing any backend, or a World (any module on the World side) importing a transport;
 * Celery's API used outside ``app.py`` (and Kombu's outside ``app.py`` and the transports);
@@ -62,6 +64,8 @@ class Module:
     tree: ast.Module
     #: (imported module, line, at module level outside TYPE_CHECKING)
     imports: list[tuple[str, int, bool]] = field(default_factory=list)
+    #: lines of the imports under ``TYPE_CHECKING`` (they never run)
+    typing_lines: set[int] = field(default_factory=set)
     #: names imported with ``from celery_workflow.x import name``: (module, name, line)
     names: list[tuple[str, str, int]] = field(default_factory=list)
 
@@ -78,12 +82,14 @@ def _known(name: str, modules: set[str]) -> str | None:
     return name or None
 
 
+def _typing_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
 def _walk(node: ast.AST, top: bool) -> Iterator[tuple[ast.AST, bool]]:
     """Every node with whether it runs at import time (module level, not under ``if TYPE_CHECKING``)."""
     for child in ast.iter_child_nodes(node):
-        if (isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)) or isinstance(
-            child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
-        ):
+        if _typing_only(child) or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             yield from _walk(child, False)
         else:
             yield child, top
@@ -98,6 +104,13 @@ def load() -> dict[str, Module]:
     names = set(found)
     for module in found.values():
         package = module.name if module.path.name == "__init__.py" else module.name.rpartition(".")[0]
+        module.typing_lines = {
+            inner.lineno
+            for node in ast.walk(module.tree)
+            if _typing_only(node)
+            for inner in ast.walk(node)
+            if isinstance(inner, ast.Import | ast.ImportFrom)
+        }
         for node, top in _walk(module.tree, True):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -149,27 +162,81 @@ def test_the_parser_sees_the_known_arrows() -> None:
     assert len(MODULES) > 50
 
 
-def test_no_import_loop_among_module_level_imports() -> None:
-    graph = {name: sorted({t for t, _, top in _internal(m) if top}) for name, m in MODULES.items()}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-    loops: list[list[str]] = []
+#: Loops another change removes (issue #28, item 5: ``transport.base`` hands its pool to the worker through
+#: ``transport.pool_hook``, which imports ``transport.base`` back inside a function); left out of the check until then.
+KNOWN_LOOPS = {frozenset({"celery_workflow.transport.base", "celery_workflow.transport.pool_hook"})}
 
-    def visit(name: str) -> None:
-        state[name] = 1
-        path.append(name)
-        for target in graph.get(name, []):
-            if state.get(target) == 1:
-                loops.append([*path[path.index(target) :], target])
-            elif target not in state:
-                visit(target)
-        path.pop()
-        state[name] = 2
+
+def _runtime_graph() -> dict[str, set[str]]:
+    """Module -> the package modules its running imports load: module level or inside a function, never under
+    ``TYPE_CHECKING``; importing ``pkg.sub`` from outside ``pkg`` loads ``pkg`` (its ``__init__``) as well (the
+    top package itself excepted: every module is inside it)."""
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, module in MODULES.items():
+        for target, line, _ in _internal(module):
+            if line in module.typing_lines:
+                continue
+            graph[name].add(target)
+            parent = target.rpartition(".")[0]
+            while parent != PACKAGE and parent in MODULES and not _inside(name, (parent,)):
+                graph[name].add(parent)
+                parent = parent.rpartition(".")[0]
+    return graph
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One loop (``a -> b -> ... -> a``) per strongly connected group of modules that import each other."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def connect(name: str) -> None:  # Tarjan's strongly connected components
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in sorted(graph.get(name, ())):
+            if target not in index:
+                connect(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == name:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name)
+        if name not in index:
+            connect(name)
+    loops = []
+    for group in groups:
+        members = set(group)
+        path, seen = [group[0]], {group[0]}
+        while True:  # walk inside the group until a module repeats: that is a loop
+            following = sorted(t for t in graph[path[-1]] if t in members)
+            step = next((t for t in following if t in seen), following[0])
+            if step in seen:
+                loops.append([*path[path.index(step) :], step])
+                break
+            path.append(step)
+            seen.add(step)
+    return loops
+
+
+def test_no_import_loop() -> None:
+    loops = [loop for loop in import_loops(_runtime_graph()) if frozenset(loop) not in KNOWN_LOOPS]
     assert loops == [], "import loops:\n" + "\n".join(" -> ".join(loop) for loop in loops)
+
+
+def test_the_loop_check_finds_a_loop_deferred_into_a_function() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_loops(graph) == [["a", "b", "c", "a"]]
+    assert import_loops({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_backend_imports_another_backend() -> None:
