@@ -2,7 +2,7 @@
 Worlds, its SQS calls going to a moto server.
 
 moto has no message move task API (``StartMessageMoveTask``, ``ListMessageMoveTasks``), so the SQS clients of the
-worker, the CLI and this process reach moto through ``MessageMoveTaskProxy`` (celery_workflow/testing/move_tasks.py), a
+worker, the CLI and this process reach moto through ``MessageMoveTaskProxy`` (tools/move_tasks.py), a
 stand-in that serves those operations itself (really moving the messages on moto) and forwards every other request
 to moto unchanged. Everything else — the queues, the redrive policy that dead-letters the failed messages, the AWS
 World's DynamoDB, SQS and Scheduler — is moto's.
@@ -26,8 +26,8 @@ import boto3
 import pytest
 
 from celery_workflow import WorkflowFailed
-from celery_workflow.testing.move_tasks import MessageMoveTaskProxy
 from tests.integration.aws_fixtures import CREDENTIALS, REGION, moto_fixture  # noqa: F401
+from tools.move_tasks import MessageMoveTaskProxy
 
 from .workers import Worker, aws_environment, imported_app, postgres_schema, wait_for
 

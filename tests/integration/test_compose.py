@@ -104,7 +104,7 @@ def test_worker_environments_point_at_the_services_and_match_the_tests(compose: 
 def test_the_move_task_stand_in_fronts_the_emulator(compose: dict[str, Any]) -> None:
     services = compose["services"]
     command = commands_of(services["sqs-move-tasks"])[0]
-    assert command[:3] == ["python", "-m", "celery_workflow.testing.move_tasks"]
+    assert command[:3] == ["python", "-m", "tools.move_tasks"]
     upstream = urlsplit(command[command.index("--upstream") + 1])
     assert upstream.hostname == "aws" and upstream.port == port_of(services["aws"])
     assert int(command[command.index("--port") + 1]) == port_of(services["sqs-move-tasks"])

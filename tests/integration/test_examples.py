@@ -15,8 +15,8 @@ import pytest
 
 from celery_workflow.events import RunStatus
 from celery_workflow.testing import LocalWorker
-from celery_workflow.testing.move_tasks import MessageMoveTaskProxy
 from tests.integration.aws_fixtures import CREDENTIALS, REGION, moto_fixture  # noqa: F401
+from tools.move_tasks import MessageMoveTaskProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_task_status(load: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_sqs_redrive(load: Any, moto: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The re-drive on moto; moto lacks the message move task API, so SQS goes through the stand-in
-    (``celery_workflow/testing/move_tasks.py``). tests/acceptance/test_example_sqs_redrive.py runs it on real workers."""
+    (``tools/move_tasks.py``). tests/acceptance/test_example_sqs_redrive.py runs it on real workers."""
     with MessageMoveTaskProxy(moto, region=REGION) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", proxy.endpoint)
         monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)

@@ -239,6 +239,17 @@ def test_the_loop_check_finds_a_loop_deferred_into_a_function() -> None:
     assert import_loops({"a": {"b"}, "b": set()}) == []
 
 
+def test_no_test_stand_in_ships_in_the_package() -> None:
+    """Stand-ins for services (the SQS message move task API moto lacks) are test tooling: they live in ``tools/`` at
+    the repository root, not in the installed package (issue #28, item 5). The package serves no HTTP with the
+    standard library's server, which is what such a stand-in is built on."""
+    servers = sorted(
+        name for name, module in MODULES.items() for target, _, _ in module.imports if target == "http.server"
+    )
+    assert servers == []
+    assert (ROOT.parent / "tools" / "move_tasks.py").is_file()
+
+
 def test_no_backend_imports_another_backend() -> None:
     wrong = [
         f"{name}:{line} imports {target}"

@@ -30,7 +30,7 @@ What it does as the real API does (botocore's service model and the SQS document
 
 Run it beside an emulator (docker-compose.yml does, in front of its moto service)::
 
-    python -m celery_workflow.testing.move_tasks --upstream http://127.0.0.1:5000 --port 5001
+    python -m tools.move_tasks --upstream http://127.0.0.1:5000 --port 5001
     AWS_ENDPOINT_URL_SQS=http://127.0.0.1:5001 python -m examples.sqs_redrive start '{"queueArn": …}'
 
 Test controls (not part of the API): :meth:`pause` holds every task ``RUNNING`` before its next message until
@@ -425,12 +425,12 @@ def _handler_for(proxy: MessageMoveTaskProxy) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m celery_workflow.testing.move_tasks --upstream URL [--host H] [--port P]``: serve until stopped."""
+    """``python -m tools.move_tasks --upstream URL [--host H] [--port P]``: serve until stopped."""
     import argparse
     import signal
 
     parser = argparse.ArgumentParser(
-        prog="python -m celery_workflow.testing.move_tasks",
+        prog="python -m tools.move_tasks",
         description="SQS's message move task API in front of a moto server that lacks it (a stand-in for tests).",
     )
     parser.add_argument("--upstream", required=True, help="the moto server, e.g. http://127.0.0.1:5000")
