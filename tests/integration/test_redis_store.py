@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kombu import Connection
 
+from celery_workflow._redis.store import RedisStore
 from celery_workflow.errors import WorldError, WorldUnavailable
 from celery_workflow.transport.base import StoreChannel, StoreTransport
-from celery_workflow.transport.redis_store import RedisStore
 from celery_workflow.world import Delivery
 from tests.integration.queue_suite import Clock, QueueStoreSuite, claim_in_processes
 from tests.integration.redis_fixtures import REDIS_URL, redis_prefix_fixture  # noqa: F401

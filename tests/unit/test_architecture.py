@@ -53,6 +53,7 @@ WORLD_SIDE = (
     "celery_workflow.world_sqs",
     "celery_workflow._aws",
     "celery_workflow.testing.memory",
+    "celery_workflow._redis",
 )
 MAX_SHARED_LINES = 15
 

@@ -1,4 +1,4 @@
-"""The Lua scripts of :class:`celery_workflow.transport.redis_store.RedisStore` (each operation is one script: atomic).
+"""The Lua scripts of :class:`celery_workflow._redis.store.RedisStore` (each operation is one script: atomic).
 
 Every script takes the key prefix as ``ARGV[1]`` and the store's clock (microseconds) as ``ARGV[2]``. Times are
 stored as the decimal strings Python sent (a Lua number turned into a string keeps 14 digits, too few for
