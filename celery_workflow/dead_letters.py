@@ -30,9 +30,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from celery_workflow import codec
+from celery_workflow._backend.queue_contract import DeadLetterStore  # the protocol lives with the queue contract
 from celery_workflow.errors import (
     ConfigurationError,
     DeadLettered,
@@ -150,42 +151,6 @@ class DeadLetter:
         if body:
             out["message"] = self.payload.decode("utf-8", "replace")
         return out
-
-
-@runtime_checkable
-class DeadLetterStore(Protocol):
-    """The dead letters of a queue store (``SQLiteQueue``, ``PostgresQueue``)."""
-
-    def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
-        """Move the claimed message to the dead letters; None when the receipt is stale (nothing moved)."""
-        ...
-
-    def list_dead_letters(
-        self, *, queue: str | None = None, run_id: str | None = None, after: int | str = 0, limit: int = 100
-    ) -> list[DeadLetter]:
-        """Dead letters with ids above ``after``, oldest first."""
-        ...
-
-    def get_dead_letter(self, letter_id: int | str) -> DeadLetter:
-        """One dead letter; DeadLetterNotFound if there is none with that id."""
-        ...
-
-    def unsettled_dead_letters(self, *, limit: int = 100) -> list[DeadLetter]:
-        """Dead letters whose run has not been failed because of them yet (see :func:`settle`), oldest first."""
-        ...
-
-    def settle_dead_letters(self, ids: Sequence[int | str]) -> None:
-        """Record that the runs of these dead letters have been dealt with."""
-        ...
-
-    def redrive_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
-        """Put dead letters back on their queues (due now, attempts reset) and delete them; the number moved.
-        ``ids`` and ``queue`` narrow the selection (neither: all). Redriving one twice moves it once."""
-        ...
-
-    def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
-        """Delete dead letters (as :meth:`redrive_dead_letters` selects them); the number deleted."""
-        ...
 
 
 def letter_id(value: int | str) -> int:

@@ -18,6 +18,9 @@ Worlds are selected by URL with :func:`open_world`. The scheme names an entry po
     celery_workflow.worlds =
         mystore = my_package.world:MyWorld.from_url    # called as factory(url, **options) -> World
 
+A World's queue methods are :class:`~celery_workflow._backend.queue_contract.WorldQueue`'s, the first layer of the
+queue contract every queue store and transport store in the package shares.
+
 This module names no backend: it only defines what every World is (``docs/adding-a-world.md`` walks through writing
 one) and resolves URLs through that table.
 """
@@ -31,6 +34,7 @@ from importlib.metadata import entry_points
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from celery_workflow import codec
+from celery_workflow._backend.queue_contract import WorldQueue
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.event_data import RunCreatedData
 from celery_workflow.events import Event, HookView, NewEvent, RunStatus, RunView, StepView, WaitView
@@ -321,7 +325,7 @@ class Upkeep(Protocol):
 
 
 @runtime_checkable
-class World(Protocol):
+class World(WorldQueue, Protocol):
     """Storage, queue and streams of workflow runs. All methods are thread-safe and fork-safe.
 
     Optional attributes (read with a default, so a World without them still is one): ``base_url`` (webhook URLs,
@@ -413,32 +417,7 @@ class World(Protocol):
         """Block until the run is terminal or ``timeout`` seconds pass; return the run as it is then."""
         ...
 
-    # -- queue ---------------------------------------------------------------------------------------------------
-
-    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """Store deliveries; ``False`` for one deduplicated by its idempotency key."""
-        ...
-
-    def claim(self, queues: Sequence[str], *, limit: int = 1, lease: float = 60.0) -> list[ClaimedDelivery]:
-        """Claim due, unleased deliveries of these queues, oldest due first, hiding them for ``lease`` seconds."""
-        ...
-
-    def ack(self, receipt: str) -> None:
-        """Delete a claimed delivery."""
-        ...
-
-    def release(self, receipt: str) -> None:
-        """Give a claimed delivery back at once (shutdown, requeue)."""
-        ...
-
-    def retry_later(self, receipt: str, delay: float, *, error: str | None = None) -> None:
-        """Release a claimed delivery, due again in ``delay`` seconds: a failed delivery, whose ``error`` a World
-        that keeps failure history records (it goes into the message's dead letter, should it come to that)."""
-        ...
-
-    def extend(self, receipts: Sequence[str], lease: float) -> None:
-        """Extend the leases of claimed deliveries to ``lease`` seconds from now."""
-        ...
+    # -- queue: enqueue, claim, ack, release, retry_later, extend (WorldQueue's, inherited) ------------------------
 
     # -- streams -------------------------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ World whose deliveries live in a queue store (SQLite, Postgres).
 :class:`TemplateWorld` gives a World its :meth:`~celery_workflow.world.World.append`: check and normalise the
 request, then run :func:`celery_workflow._backend.template.append` with the World's own steps (``_steps``, an
 :class:`~celery_workflow._backend.template.AppendSteps`). :class:`StoreQueue` gives it ``enqueue`` / ``claim`` /
-``ack`` / ``release`` / ``retry_later`` / ``extend`` on ``store``, with the protocol's input checks;
+``ack`` / ``release`` / ``retry_later`` / ``extend`` on ``store`` (a :class:`~.queue_contract.QueueStore`, defined
+with the rest of the queue contract and re-exported here), with the protocol's input checks;
 :class:`StoreStreams` the stream methods on ``streams``.
 """
 
@@ -17,8 +18,9 @@ from typing import Any, Protocol
 from celery_workflow import dead_letters
 from celery_workflow._backend import template
 from celery_workflow._backend.checks import check_deliveries
+from celery_workflow._backend.queue_contract import QueueStore
 from celery_workflow._backend.template import AppendRequest, AppendSteps
-from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES, DeadLetterStore
+from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES
 from celery_workflow.events import NewEvent
 from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, StreamPage
 
@@ -48,17 +50,6 @@ class TemplateWorld:
             run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
         )
         return template.append(self._steps, request)
-
-
-class QueueStore(DeadLetterStore, Protocol):
-    """The queue part of a store (``SQLiteQueue``, ``PostgresQueue``), with its dead letters."""
-
-    def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]: ...
-    def claim(self, queues: Sequence[str], *, limit: int = ..., lease: float = ...) -> list[ClaimedDelivery]: ...
-    def ack(self, receipt: str) -> None: ...
-    def release(self, receipt: str) -> None: ...
-    def retry_later(self, receipt: str, delay: float, *, error: str | None = ...) -> None: ...
-    def extend(self, receipts: Sequence[str], lease: float) -> None: ...
 
 
 class StoreQueue:

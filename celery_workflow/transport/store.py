@@ -1,7 +1,9 @@
 """What a store-backed Kombu transport stores and how its messages are encoded (see :mod:`.base`).
 
-:class:`BrokerStore` is the storage protocol (``SQLiteQueue``, ``PostgresQueue``); the helpers encode a Kombu message
-for it, decide when a message is due, back failed deliveries off, and turn claims back into Kombu messages.
+:class:`BrokerStore` is the storage protocol (``SQLiteQueue``, ``PostgresQueue``, ``RedisStore``, the SQS store),
+defined with the rest of the queue contract in :mod:`celery_workflow._backend.queue_contract` and re-exported here
+(with :class:`ExpiringStore` and :class:`BindingRow`); the helpers encode a Kombu message for it, decide when a
+message is due, back failed deliveries off, and turn claims back into Kombu messages.
 """
 
 from __future__ import annotations
@@ -9,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from kombu.utils import json as _json
 
 from celery_workflow import dead_letters
-from celery_workflow._backend.broker import QueuedMessage
+from celery_workflow._backend.queue_contract import BindingRow, BrokerStore, ExpiringStore
 from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.world import Claim, ClaimedDelivery
 
@@ -180,81 +182,3 @@ def _bury(
     letter = mover(claim.receipt, reason=reason, error=error)
     if letter is not None and dead is not None:
         dead(letter)
-
-
-class BindingRow(Protocol):
-    @property
-    def exchange(self) -> str: ...
-    @property
-    def routing_key(self) -> str: ...
-    @property
-    def pattern(self) -> str | None: ...
-    @property
-    def queue(self) -> str: ...
-
-
-class BrokerStore(Protocol):
-    """Durable, multi-process storage of messages and routing state (``SQLiteQueue``, ``PostgresQueue``).
-
-    Payloads are opaque bytes (UTF-8 JSON of Kombu messages); times are epoch seconds; a receipt names one claim
-    and operations with a stale receipt change nothing. Every method is thread-safe and its own transaction.
-    """
-
-    def put(
-        self, queue: str, payload: bytes, *, not_before: float | None = ..., run_id: str | None = ...,
-        idempotency_key: str | None = ...,
-    ) -> bool: ...  # fmt: skip
-    def put_fanout(self, exchange: str, payload: bytes, *, not_before: float | None = ...) -> int: ...
-    def receive(
-        self, queues: Sequence[str], *, no_ack: Collection[str] = ..., limit: int = ..., lease: float = ...
-    ) -> list[ClaimedDelivery]: ...
-    def poll(
-        self, queues: Sequence[str], *, no_ack: Collection[str] = ..., limit: int = ..., lease: float = ...
-    ) -> tuple[list[ClaimedDelivery], dict[str, float]]: ...
-    def ack(self, receipt: str) -> None: ...
-    def release(self, receipt: str) -> None: ...
-    def retry_later(self, receipt: str, delay: float, *, error: str | None = ...) -> None: ...
-    def extend(self, receipts: Sequence[str], lease: float) -> None: ...
-    def peek(self, queues: Sequence[str] | None = ...) -> list[QueuedMessage]: ...
-    def size(self, queue: str) -> int: ...
-    def purge(self, queue: str) -> int: ...
-    def declare_queue(
-        self, name: str, *, durable: bool = ..., exclusive: bool = ..., auto_delete: bool = ...,
-        expires: float | None = ..., message_ttl: float | None = ...,
-    ) -> None: ...  # fmt: skip
-    def has_queue(self, name: str) -> bool: ...
-    def delete_queue(self, name: str) -> int: ...
-    def declare_exchange(
-        self, name: str, type: str, *, durable: bool = ..., auto_delete: bool = ...,
-        arguments: Mapping[str, Any] | None = ...,
-    ) -> None: ...  # fmt: skip
-    def exchange_type(self, name: str) -> str | None: ...
-    def queues(self) -> list[str]: ...
-    def consumers(self) -> dict[str, int]: ...
-    def exchanges(self) -> list[str]: ...
-    def delete_exchange(self, name: str) -> None: ...
-    def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None: ...
-    def unbind(self, exchange: str, routing_key: str, queue: str) -> None: ...
-    def bindings(self, exchange: str | None = ...) -> Sequence[BindingRow]: ...
-    def touch(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
-    def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
-    def gc(self, *, consumer_timeout: float = ...) -> dict[str, int]: ...
-    def change_token(self) -> Any: ...  # opaque: only ever handed back to wait_for_change
-    def wait_for_change(self, token: Any, timeout: float) -> bool: ...
-
-
-class ExpiringStore(BrokerStore, Protocol):
-    """A :class:`BrokerStore` that honours a per-message TTL (``expires_messages = True``): ``ttl`` seconds after
-    the put, on the store's clock, the message expires; an expired message is never claimed, counted or delivered
-    (whatever its due time: the TTL counts from publishing, as Celery's ``expires`` and RabbitMQ's per-message TTL
-    do) and :meth:`gc` deletes it. A queue's ``x-message-ttl`` still applies; the earlier expiry wins."""
-
-    expires_messages: bool
-
-    def put(
-        self, queue: str, payload: bytes, *, not_before: float | None = ..., run_id: str | None = ...,
-        idempotency_key: str | None = ..., ttl: float | None = ...,
-    ) -> bool: ...  # fmt: skip
-    def put_fanout(
-        self, exchange: str, payload: bytes, *, not_before: float | None = ..., ttl: float | None = ...
-    ) -> int: ...

@@ -1,0 +1,100 @@
+"""The queue contract is one set of layered protocols (issue #28, item 3), and every store implements its layers."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+
+from celery_workflow import dead_letters, world
+from celery_workflow._backend import base, queue_contract
+from celery_workflow._backend.queue_contract import (
+    BrokerStore,
+    DeadLetterStore,
+    ExpiringStore,
+    QueueBrokerStore,
+    QueueStore,
+    Receipts,
+    WorldQueue,
+)
+from celery_workflow._postgres.queue import PostgresQueue
+from celery_workflow._redis.store import RedisStore
+from celery_workflow._sqlite.queue import SQLiteQueue
+from celery_workflow.testing.memory import MemoryWorld
+from celery_workflow.transport import store
+from celery_workflow.transport.sqs_store import SQSBrokerStore
+
+
+def members(protocol: type) -> set[str]:
+    return {
+        name
+        for klass in protocol.__mro__
+        if klass not in (object,) and klass.__module__ != "typing"
+        for name in [*vars(klass), *vars(klass).get("__annotations__", {})]
+        if not name.startswith("_")
+    }
+
+
+def test_each_layer_adds_to_the_one_below() -> None:
+    assert members(Receipts) == {"ack", "release", "retry_later", "extend"}
+    assert members(Receipts) < members(WorldQueue) < members(QueueStore) < members(QueueBrokerStore)
+    assert members(DeadLetterStore) < members(QueueStore)
+    assert members(Receipts) < members(BrokerStore) < members(QueueBrokerStore)
+    assert members(BrokerStore) < members(ExpiringStore)
+
+
+def test_the_world_protocol_is_a_world_queue() -> None:
+    assert WorldQueue in world.World.__mro__
+    queue_methods = {"enqueue", "claim", "ack", "release", "retry_later", "extend"}
+    assert queue_methods == members(WorldQueue)
+    assert not queue_methods & set(vars(world.World)), "the World protocol declares its queue methods again"
+
+
+def test_the_old_names_are_the_contract() -> None:
+    assert dead_letters.DeadLetterStore is DeadLetterStore
+    assert base.QueueStore is QueueStore
+    assert (store.BrokerStore, store.ExpiringStore, store.BindingRow) == (
+        BrokerStore,
+        ExpiringStore,
+        queue_contract.BindingRow,
+    )
+
+
+def _conforms(klass: type, protocol: type) -> list[str]:
+    """What ``klass`` lacks of ``protocol``: a member, or a parameter (name and kind); parameters it adds must have
+    defaults."""
+    wrong = []
+    for name in sorted(members(protocol)):
+        if name == "expires_messages":
+            if getattr(klass, name, None) is not True:
+                wrong.append(f"{name} is not True")
+            continue
+        mine = getattr(klass, name, None)
+        if mine is None:
+            wrong.append(f"no {name}")
+            continue
+        theirs = getattr(protocol, name)
+        if isinstance(theirs, property):
+            continue
+        have = dict(inspect.signature(mine).parameters)
+        for param in inspect.signature(theirs).parameters.values():
+            got = have.pop(param.name, None)
+            if got is None or got.kind != param.kind:
+                wrong.append(f"{name}({param.name})")
+        wrong += [f"{name}({p.name}) without a default" for p in have.values() if p.default is inspect.Parameter.empty]
+    return wrong
+
+
+STORES: list[tuple[type, tuple[type, ...]]] = [
+    (SQLiteQueue, (QueueBrokerStore, ExpiringStore)),
+    (PostgresQueue, (QueueBrokerStore, ExpiringStore)),
+    (RedisStore, (QueueBrokerStore,)),
+    (SQSBrokerStore, (BrokerStore,)),
+    (MemoryWorld, (WorldQueue,)),
+]
+
+
+@pytest.mark.parametrize(("klass", "layers"), STORES, ids=[k.__name__ for k, _ in STORES])
+def test_every_store_implements_its_layers(klass: type, layers: tuple[Any, ...]) -> None:
+    assert [f"{layer.__name__}: {w}" for layer in layers for w in _conforms(klass, layer)] == []
