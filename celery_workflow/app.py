@@ -23,7 +23,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from kombu import serialization
 
-from celery_workflow import worker_setup
+from celery_workflow import task_names, worker_setup
 from celery_workflow.client import Run
 from celery_workflow.errors import ConfigurationError, PayloadError
 from celery_workflow.events import HookView, RunStatus
@@ -32,6 +32,7 @@ from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
+from celery_workflow.task_names import step_task_name, workflow_task_name
 from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, World, open_world
 
@@ -42,18 +43,6 @@ log = logging.getLogger("celery_workflow")
 
 #: Where the embedded default World lives unless ``CELERY_WORKFLOW_URL`` or ``world=`` says otherwise.
 DEFAULT_URL = "sqlite:///celery_workflow.sqlite3"
-
-
-WORKFLOW_TASK_PREFIX = "workflow."
-STEP_TASK_PREFIX = "step."  # both known to the transports too (celery_workflow.transport.channel.WORKFLOW_TASKS)
-
-
-def workflow_task_name(name: str) -> str:
-    return f"{WORKFLOW_TASK_PREFIX}{name}"
-
-
-def step_task_name(name: str) -> str:
-    return f"{STEP_TASK_PREFIX}{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,21 +433,18 @@ class Workflows:
         :meth:`Runtime.handle_workflow`. ConfigurationError for a message that is not a task of this app's workflows
         or steps (a plain Celery task needs a Celery worker)."""
         task = decode_message(payload)
-        if task.name.startswith(WORKFLOW_TASK_PREFIX) and len(task.args) == 1:
+        named = task_names.parse(task.name)
+        if named is not None and named.kind == "workflow" and len(task.args) == 1:
             return self.runtime.handle_workflow(
                 str(task.args[0]),
                 delivery_id=task.id,
                 claim=claim,
                 inline_until=inline_until,
-                workflow_name=task.name.removeprefix(WORKFLOW_TASK_PREFIX),
+                workflow_name=named.name,
             )
-        if task.name.startswith(STEP_TASK_PREFIX) and len(task.args) == 2:
+        if named is not None and named.kind == "step" and len(task.args) == 2:
             return self.runtime.handle_step(
-                str(task.args[0]),
-                str(task.args[1]),
-                delivery_id=task.id,
-                claim=claim,
-                step_name=task.name.removeprefix(STEP_TASK_PREFIX),
+                str(task.args[0]), str(task.args[1]), delivery_id=task.id, claim=claim, step_name=named.name
             )
         raise ConfigurationError(f"task {task.name!r} is not a workflow or step delivery; it needs a Celery worker")
 
