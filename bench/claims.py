@@ -150,7 +150,7 @@ def sqlite_fill(store: Any, rows: int, queue: str = QUEUE) -> None:
 
 def sqlite_claim_cost(store: Any, queue: str = QUEUE) -> ClaimCost:
     """VM instructions of one poll finding one due row, and the plan of its candidate query."""
-    from celery_workflow._sqlite import queue as sqlite_queue
+    from celery_workflow._sqlite import deliveries as sqlite_queue
 
     store.put(queue, b'{"body": "{}", "headers": {}, "properties": {}}')
     conn = store.db.connection()

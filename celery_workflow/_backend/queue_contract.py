@@ -13,8 +13,9 @@ keeps its deliveries in, the dead letters, the storage of a Kombu transport), ea
      │    QueueBrokerStore   = QueueStore + BrokerStore                   (SQLiteQueue, PostgresQueue, RedisStore: one
      │         ▲                                                           store behind a World and its transport)
      │         │
-     └── BrokerStore         + put · put_fanout · receive · poll · peek · size · purge · queues, exchanges,
-              │                bindings, consumers · gc · change_token / wait_for_change
+     └── BrokerStore         + BrokerMessages: put · put_fanout · receive · poll · peek · size · purge
+              │                + BrokerRouting: queues, exchanges, bindings, consumers · gc
+              │                + BrokerChanges: change_token / wait_for_change
               │                                                           (what a Kombu transport needs; SQS's too)
               └── ExpiringStore  + a per-message ttl on put / put_fanout  (SQLiteQueue, PostgresQueue)
 
@@ -37,8 +38,12 @@ if TYPE_CHECKING:  # annotations only: the modules defining these records import
 
 __all__ = [
     "BindingRow",
+    "BrokerChanges",
+    "BrokerMessages",
+    "BrokerRouting",
     "BrokerStore",
     "DeadLetterStore",
+    "ExpiringMessages",
     "ExpiringStore",
     "QueueBrokerStore",
     "QueueStore",
@@ -132,15 +137,8 @@ class BindingRow(Protocol):
     def queue(self) -> str: ...
 
 
-class BrokerStore(Receipts, Protocol):
-    """Durable, multi-process storage of messages and routing state: what a store-backed Kombu transport
-    (:mod:`celery_workflow.transport.base`) needs (``SQLiteQueue``, ``PostgresQueue``, ``RedisStore``, the SQS
-    transport's store).
-
-    Payloads are opaque bytes (UTF-8 JSON of Kombu messages); times are epoch seconds; a receipt names one claim
-    and operations with a stale receipt change nothing. Every method is thread-safe and its own transaction. A store
-    that is also a :class:`DeadLetterStore` gets messages past their delivery limit moved there.
-    """
+class BrokerMessages(Protocol):
+    """The messages of a broker store: put (one queue or an exchange's), claim for a consumer, look, count, purge."""
 
     def put(
         self, queue: str, payload: bytes, *, not_before: float | None = ..., run_id: str | None = ...,
@@ -156,6 +154,11 @@ class BrokerStore(Receipts, Protocol):
     def peek(self, queues: Sequence[str] | None = ...) -> list[QueuedMessage]: ...
     def size(self, queue: str) -> int: ...
     def purge(self, queue: str) -> int: ...
+
+
+class BrokerRouting(Protocol):
+    """The routing state of a broker store: queues, exchanges, bindings, live consumers, and their collection."""
+
     def declare_queue(
         self, name: str, *, durable: bool = ..., exclusive: bool = ..., auto_delete: bool = ...,
         expires: float | None = ..., message_ttl: float | None = ...,
@@ -177,15 +180,28 @@ class BrokerStore(Receipts, Protocol):
     def touch(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
     def drop_consumer(self, consumer: str, queues: Sequence[str]) -> list[str]: ...
     def gc(self, *, consumer_timeout: float = ...) -> dict[str, int]: ...
+
+
+class BrokerChanges(Protocol):
+    """How a consumer waits for something to claim."""
+
     def change_token(self) -> Any: ...  # opaque: only ever handed back to wait_for_change
     def wait_for_change(self, token: Any, timeout: float) -> bool: ...
 
 
-class ExpiringStore(BrokerStore, Protocol):
-    """A :class:`BrokerStore` that honours a per-message TTL (``expires_messages = True``): ``ttl`` seconds after
-    the put, on the store's clock, the message expires; an expired message is never claimed, counted or delivered
-    (whatever its due time: the TTL counts from publishing, as Celery's ``expires`` and RabbitMQ's per-message TTL
-    do) and :meth:`gc` deletes it. A queue's ``x-message-ttl`` still applies; the earlier expiry wins."""
+class BrokerStore(Receipts, BrokerMessages, BrokerRouting, BrokerChanges, Protocol):
+    """Durable, multi-process storage of messages and routing state: what a store-backed Kombu transport
+    (:mod:`celery_workflow.transport.base`) needs (``SQLiteQueue``, ``PostgresQueue``, ``RedisStore``, the SQS
+    transport's store).
+
+    Payloads are opaque bytes (UTF-8 JSON of Kombu messages); times are epoch seconds; a receipt names one claim
+    and operations with a stale receipt change nothing. Every method is thread-safe and its own transaction. A store
+    that is also a :class:`DeadLetterStore` gets messages past their delivery limit moved there.
+    """
+
+
+class ExpiringMessages(BrokerMessages, Protocol):
+    """Messages with a TTL of their own (see :class:`ExpiringStore`)."""
 
     expires_messages: bool
 
@@ -196,6 +212,13 @@ class ExpiringStore(BrokerStore, Protocol):
     def put_fanout(
         self, exchange: str, payload: bytes, *, not_before: float | None = ..., ttl: float | None = ...
     ) -> int: ...
+
+
+class ExpiringStore(BrokerStore, ExpiringMessages, Protocol):
+    """A :class:`BrokerStore` that honours a per-message TTL (``expires_messages = True``): ``ttl`` seconds after
+    the put, on the store's clock, the message expires; an expired message is never claimed, counted or delivered
+    (whatever its due time: the TTL counts from publishing, as Celery's ``expires`` and RabbitMQ's per-message TTL
+    do) and :meth:`gc` deletes it. A queue's ``x-message-ttl`` still applies; the earlier expiry wins."""
 
 
 class QueueBrokerStore(QueueStore, BrokerStore, Protocol):

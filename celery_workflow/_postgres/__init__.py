@@ -4,7 +4,9 @@
 * :mod:`.world`: :class:`~celery_workflow._postgres.world.PostgresWorld`; :mod:`.append` (how a batch is read under
   lock and written), :mod:`.rows` (tables and row mapping), :mod:`.streams`, :mod:`.retention`, :mod:`.config`;
 * :mod:`.queue` and :mod:`.queue_sql`: :class:`~celery_workflow._postgres.queue.PostgresQueue`, the deliveries and
-  broker state the World and the Postgres Kombu transport (:mod:`celery_workflow.transport.postgres`) share.
+  broker state the World and the Postgres Kombu transport (:mod:`celery_workflow.transport.postgres`) share, composed
+  of its parts: :mod:`.deliveries`, :mod:`.letters` (dead letters), :mod:`.broker_state`, :mod:`.standing` (standing
+  claims) and :mod:`.changes` (notifications), on one :mod:`.queue_base` ``Statements``.
 """
 
 from __future__ import annotations

@@ -12,17 +12,19 @@ from typing import Any
 
 from celery_workflow._backend.broker import Binding, queue_declaration
 from celery_workflow._postgres import queue_sql as stmt
-from celery_workflow._postgres.queue_base import Conn, QueueBase, seconds, total
+from celery_workflow._postgres.queue_base import Conn, Statements, seconds, total
 from celery_workflow._postgres.script import query
 
 #: Class id of the advisory lock taken by :meth:`PostgresQueue.gc` (the object id is a hash of the schema).
 GC_LOCK = 0x63776763  # "cwgc"
 
 
-class BrokerState(QueueBase):
-    """Queues, exchanges, bindings, consumers and their collection (part of :class:`~celery_workflow._postgres.queue.PostgresQueue`)."""
+class BrokerState:
+    """Queues, exchanges, bindings, consumers and their collection (a part of
+    :class:`~celery_workflow._postgres.queue.PostgresQueue`)."""
 
-    # -- BrokerStore: queues -------------------------------------------------------------------------------------
+    def __init__(self, sql: Statements) -> None:
+        self.sql = sql
 
     def declare_queue(
         self,
@@ -35,7 +37,7 @@ class BrokerState(QueueBase):
         message_ttl: float | None = None,
     ) -> None:
         """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
-        self._rowcount(
+        self.sql.rowcount(
             "declare queue",
             f"INSERT INTO {stmt.QUEUES} (name, durable, exclusive, auto_delete, expires, message_ttl, last_used, created_at)"
             f" VALUES (%(name)s, %(durable)s, %(exclusive)s, %(auto_delete)s, %(expires)s, %(ttl)s, {stmt.NOW}, {stmt.NOW})"
@@ -52,7 +54,7 @@ class BrokerState(QueueBase):
 
     def has_queue(self, name: str) -> bool:
         """True when the queue is declared or holds messages."""
-        rows = self._rows(
+        rows = self.sql.rows(
             "has queue",
             f"SELECT EXISTS (SELECT 1 FROM {stmt.QUEUES} WHERE name = %(name)s)"
             f" OR EXISTS (SELECT 1 FROM {stmt.Q} WHERE queue = %(name)s)",
@@ -62,7 +64,7 @@ class BrokerState(QueueBase):
 
     def queue_info(self, name: str) -> dict[str, Any] | None:
         """The stored declaration of a queue, or None."""
-        rows = self._rows(
+        rows = self.sql.rows(
             "queue info",
             f"SELECT durable, exclusive, auto_delete, expires, message_ttl, last_used FROM {stmt.QUEUES}"
             " WHERE name = %(name)s",
@@ -76,7 +78,7 @@ class BrokerState(QueueBase):
     def delete_queue(self, name: str) -> int:
         """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
         # one statement as a script: one round trip, READ COMMITTED on any session (see script.ISOLATION)
-        row = self.db.run(
+        row = self.sql.db.run(
             lambda conn: query(conn, stmt.DROP_QUEUES, {"names": [name]}).one(),
             what="queue: delete queue",
             transaction=False,
@@ -90,8 +92,6 @@ class BrokerState(QueueBase):
         row = conn.execute(stmt.DROP_QUEUES, {"names": list(dict.fromkeys(names))}).fetchone()
         return int(row[0]) if row else 0
 
-    # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
-
     def declare_exchange(
         self,
         name: str,
@@ -102,7 +102,7 @@ class BrokerState(QueueBase):
         arguments: Mapping[str, Any] | None = None,
     ) -> None:
         """Create or update an exchange (its type is what routing in other processes will use)."""
-        self._rowcount(
+        self.sql.rowcount(
             "declare exchange",
             f"INSERT INTO {stmt.EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
             f" VALUES (%(name)s, %(type)s, %(durable)s, %(auto_delete)s, %(arguments)s::jsonb, {stmt.NOW})"
@@ -116,24 +116,24 @@ class BrokerState(QueueBase):
         )
 
     def exchange_type(self, name: str) -> str | None:
-        rows = self._rows("exchange type", f"SELECT type FROM {stmt.EXCHANGES} WHERE name = %(name)s", name=name)
+        rows = self.sql.rows("exchange type", f"SELECT type FROM {stmt.EXCHANGES} WHERE name = %(name)s", name=name)
         return str(rows[0][0]) if rows else None
 
     def queues(self) -> list[str]:
         """The names of the declared queues."""
-        return [str(r[0]) for r in self._rows("queues", f"SELECT name FROM {stmt.QUEUES} ORDER BY name")]
+        return [str(r[0]) for r in self.sql.rows("queues", f"SELECT name FROM {stmt.QUEUES} ORDER BY name")]
 
     def consumers(self) -> dict[str, int]:
         """How many live consumers (heartbeats not yet collected) each consumed queue has."""
-        rows = self._rows("consumers", f"SELECT queue, count(*) FROM {stmt.CONSUMERS} GROUP BY queue")
+        rows = self.sql.rows("consumers", f"SELECT queue, count(*) FROM {stmt.CONSUMERS} GROUP BY queue")
         return {str(q): int(n) for q, n in rows}
 
     def exchanges(self) -> list[str]:
-        return [str(r[0]) for r in self._rows("exchanges", f"SELECT name FROM {stmt.EXCHANGES} ORDER BY name")]
+        return [str(r[0]) for r in self.sql.rows("exchanges", f"SELECT name FROM {stmt.EXCHANGES} ORDER BY name")]
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings (queues stay, as in AMQP)."""
-        self._rowcount(
+        self.sql.rowcount(
             "delete exchange",
             f"WITH b AS (DELETE FROM {stmt.BINDINGS} WHERE exchange = %(name)s)"
             f" DELETE FROM {stmt.EXCHANGES} WHERE name = %(name)s",
@@ -141,7 +141,7 @@ class BrokerState(QueueBase):
         )
 
     def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        self._rowcount(
+        self.sql.rowcount(
             "bind",
             f"INSERT INTO {stmt.BINDINGS} (exchange, routing_key, queue, pattern, created_at)"
             f" VALUES (%(exchange)s, %(key)s, %(queue)s, %(pattern)s, {stmt.NOW})"
@@ -153,7 +153,7 @@ class BrokerState(QueueBase):
         )
 
     def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
-        self._rowcount(
+        self.sql.rowcount(
             "unbind",
             f"DELETE FROM {stmt.BINDINGS} WHERE exchange = %(exchange)s AND routing_key = %(key)s AND queue = %(queue)s",
             exchange=exchange,
@@ -166,17 +166,15 @@ class BrokerState(QueueBase):
         sql = f"SELECT exchange, routing_key, pattern, queue FROM {stmt.BINDINGS}"
         if exchange is not None:
             sql += " WHERE exchange = %(exchange)s"
-        rows = self._rows("bindings", sql + " ORDER BY created_at, exchange, routing_key, queue", exchange=exchange)
+        rows = self.sql.rows("bindings", sql + " ORDER BY created_at, exchange, routing_key, queue", exchange=exchange)
         return [Binding(str(e), str(k), None if p is None else str(p), str(q)) for e, k, p, q in rows]
-
-    # -- BrokerStore: liveness and collection --------------------------------------------------------------------
 
     def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
         """Record that ``consumer`` is alive on ``queues`` and mark them used; return those not declared."""
         if not queues:
             return []
         names = list(dict.fromkeys(queues))
-        rows = self._rows(
+        rows = self.sql.rows(
             "touch",
             f"WITH c AS (INSERT INTO {stmt.CONSUMERS} (queue, consumer, seen_at)"
             f" SELECT u.name, %(consumer)s, {stmt.NOW} FROM unnest(%(names)s::text[]) AS u(name)"
@@ -204,7 +202,7 @@ class BrokerState(QueueBase):
             self._drop_queues(conn, doomed)
             return doomed
 
-        return self.db.run(go, what="queue: drop consumer")
+        return self.sql.db.run(go, what="queue: drop consumer")
 
     def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
         """Collect what nobody uses any more, in one transaction (skipped while another process collects).
@@ -216,7 +214,7 @@ class BrokerState(QueueBase):
 
         A collected queue goes with its bindings and messages. Returns counts by kind.
         """
-        params = self._params(timeout=timedelta(seconds=consumer_timeout))
+        params = self.sql.params(timeout=timedelta(seconds=consumer_timeout))
 
         def go(conn: Conn) -> dict[str, int]:
             locked = conn.execute(
@@ -241,4 +239,4 @@ class BrokerState(QueueBase):
             conn.execute(stmt.DEAD_STANDING)  # standing claims of processes that are gone
             return {"queues": len(queues), "consumers": len(stale), "messages": dropped + int(ttl)}
 
-        return self.db.run(go, what="queue: collect garbage")
+        return self.sql.db.run(go, what="queue: collect garbage")

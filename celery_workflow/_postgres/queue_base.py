@@ -1,6 +1,7 @@
-"""What every part of the Postgres queue shares: the clock its statements compare with, and one statement as one
-transaction (:class:`QueueBase`), which :class:`~celery_workflow._postgres.broker_state.BrokerState` and
-:class:`~celery_workflow._postgres.queue.PostgresQueue` build on."""
+"""What every part of the Postgres queue shares: the database, the clock its statements compare with, and one
+statement as one transaction (:class:`Statements`). Each part of :class:`~celery_workflow._postgres.queue.PostgresQueue`
+(deliveries, dead letters, broker state, standing claims) holds the same :class:`Statements`, so a clock a test sets
+on the queue applies to every part."""
 
 from __future__ import annotations
 
@@ -34,24 +35,23 @@ def total(value: timedelta | None) -> float | None:
     return None if value is None else value.total_seconds()
 
 
-class QueueBase:
-    """A :class:`~celery_workflow._postgres.database.PgDatabase` and the clock of the queue's statements."""
+class Statements:
+    """A :class:`~celery_workflow._postgres.database.PgDatabase` and the clock of the queue's statements, shared by
+    the parts of the queue."""
 
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
         #: None (the default): the database server's clock. Tests may set a Python clock (epoch seconds).
         self.clock: Callable[[], float] | None = None
 
-    # -- plumbing ------------------------------------------------------------------------------------------------
-
-    def _params(self, **values: Any) -> dict[str, Any]:
+    def params(self, **values: Any) -> dict[str, Any]:
         values["now"] = None if self.clock is None else datetime.fromtimestamp(self.clock(), UTC)
         return values
 
-    def _local_now(self) -> float:
+    def local_now(self) -> float:
         return time.time() if self.clock is None else self.clock()
 
-    def _rows(
+    def rows(
         self, what: str, sql: str, *, commit_mode: str = "", before: Sequence[str] = (), **values: Any
     ) -> list[tuple[Any, ...]]:
         """Run one statement in its own transaction (one round trip); its rows (none for a statement without a
@@ -60,13 +60,13 @@ class QueueBase:
         parameters) run first in that transaction and round trip, each with its own snapshot."""
         return self._run(what, sql, values, commit_mode, before)[0]
 
-    def _rowcount(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> int:
+    def rowcount(self, what: str, sql: str, *, commit_mode: str = "", **values: Any) -> int:
         return self._run(what, sql, values, commit_mode)[1]
 
     def _run(
         self, what: str, sql: str, values: dict[str, Any], commit_mode: str, before: Sequence[str] = ()
     ) -> tuple[list[tuple[Any, ...]], int]:
-        params = self._params(**values)
+        params = self.params(**values)
         setting = None  # only when the session's own setting differs
         if commit_mode == "lazy" and not self.db.lazy_commits:
             setting = False

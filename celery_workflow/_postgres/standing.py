@@ -45,14 +45,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from celery_workflow._backend.broker import claimed
+from celery_workflow._postgres import queue_sql as stmt
+from celery_workflow._postgres.queue_base import Statements
 from celery_workflow.world import ClaimedDelivery
 
 if TYPE_CHECKING:
     from celery_workflow._postgres.queue import PostgresQueue
 
-__all__ = ["Registration", "StandingClaim", "parse_handoff"]
+__all__ = ["Registration", "StandingClaim", "StandingClaims", "parse_handoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +146,43 @@ class StandingClaim:
         if live or forget:
             self.store.withdraw(self.token, release=live, forget=forget)
         self._live = None
+
+
+class StandingClaims:
+    """The store's side of standing claims (a part of :class:`~celery_workflow._postgres.queue.PostgresQueue`): a
+    claim by notification, the read of a handed-off message, the withdrawal. Registering rides on a poll or an ack
+    (:class:`~celery_workflow._postgres.deliveries.Deliveries`)."""
+
+    def __init__(self, sql: Statements) -> None:
+        self.sql = sql
+
+    def claim_notified(
+        self, queue: str, row_id: int, *, lease: float = 60.0, withdraw: str | None = None
+    ) -> list[ClaimedDelivery]:
+        """Lease the row a notification of ``queue`` announced (see ``NOTIFY_ROW``), if it is still claimable and no
+        other claim has it: one index lookup by key, where :meth:`poll` looks through every queue. The caller knows
+        it is the queue's only claimable row (else it must :meth:`poll`, which claims the oldest first).
+        ``withdraw``: as in :meth:`poll`."""
+        rows = self.sql.rows(
+            "claim", stmt.CLAIM_NOTIFIED, commit_mode="lazy", id=row_id, queue=queue, lease=timedelta(seconds=lease),
+            before=() if withdraw is None else stmt.WITHDRAWAL, token=withdraw,
+        )  # fmt: skip
+        return [claimed(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+
+    def fetch_handed(self, token: str, serial: int, row_id: int) -> ClaimedDelivery | None:
+        """The message handed to the standing claim ``token`` of ``serial`` (row ``row_id``, as its notification
+        named it), while it is still that claim's and leased as the hand-off left it; None otherwise. One read by
+        key, no write (see ``queue_sql.FETCH_HANDED``)."""
+        rows = self.sql.rows("fetch a handed-off message", stmt.FETCH_HANDED, token=token, serial=serial, id=row_id)
+        return claimed(rows[0][0], rows[0][1], rows[0][2], rows[0][3], rows[0][4]) if rows else None
+
+    def withdraw(self, token: str, *, release: bool = True, forget: bool = False) -> None:
+        """End the standing claim ``token`` (see :mod:`.standing`): no longer offered; ``release``: a message handed
+        to it goes back to its queue as never claimed; ``forget``: its row is deleted too."""
+        statements = [
+            *(stmt.WITHDRAWAL if release else stmt.WITHDRAWAL[:1]),
+            *([stmt.FORGET_STANDING] if forget else []),
+        ]
+        self.sql.rows(
+            "withdraw a standing claim", statements[-1], commit_mode="lazy", before=statements[:-1], token=token
+        )

@@ -19,7 +19,7 @@ from celery_workflow._backend.broker import (
     Binding,
     queue_declaration,
 )
-from celery_workflow._sqlite.queue_base import QueueBase, marks, micros
+from celery_workflow._sqlite.queue_base import Transactions, marks, micros
 
 _Q = QUEUE
 _QUEUES = BROKER_QUEUES
@@ -28,11 +28,12 @@ _BINDINGS = BROKER_BINDINGS
 _CONSUMERS = BROKER_CONSUMERS
 
 
-class BrokerState(QueueBase):
-    """Queues, exchanges, bindings, consumers and their collection (part of
+class BrokerState:
+    """Queues, exchanges, bindings, consumers and their collection (a part of
     :class:`~celery_workflow._sqlite.queue.SQLiteQueue`)."""
 
-    # -- BrokerStore: queues -------------------------------------------------------------------------------------
+    def __init__(self, tx: Transactions) -> None:
+        self.tx = tx
 
     def declare_queue(
         self,
@@ -45,8 +46,8 @@ class BrokerState(QueueBase):
         message_ttl: float | None = None,
     ) -> None:
         """Create or update a queue declaration (``expires``/``message_ttl`` in seconds) and mark it used now."""
-        now = self._now()
-        with self._write() as conn:
+        now = self.tx.now()
+        with self.tx.write() as conn:
             conn.execute(
                 f"INSERT INTO {_QUEUES} (name, durable, exclusive, auto_delete, expires_ms, message_ttl_ms,"
                 " last_used, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
@@ -67,7 +68,7 @@ class BrokerState(QueueBase):
 
     def has_queue(self, name: str) -> bool:
         """True when the queue is declared or holds messages."""
-        rows = self._read(
+        rows = self.tx.read(
             f"SELECT EXISTS (SELECT 1 FROM {_QUEUES} WHERE name = ?) OR EXISTS (SELECT 1 FROM {_Q} WHERE queue = ?)",
             (name, name),
         )
@@ -75,7 +76,7 @@ class BrokerState(QueueBase):
 
     def queue_info(self, name: str) -> dict[str, Any] | None:
         """The stored declaration of a queue, or None."""
-        rows = self._read(
+        rows = self.tx.read(
             f"SELECT durable, exclusive, auto_delete, expires_ms, message_ttl_ms, last_used FROM {_QUEUES}"
             " WHERE name = ?",
             (name,),
@@ -92,7 +93,7 @@ class BrokerState(QueueBase):
 
     def delete_queue(self, name: str) -> int:
         """Delete a queue: its declaration, bindings, consumers and every message; return the messages deleted."""
-        with self._write() as conn:
+        with self.tx.write() as conn:
             return self._drop_queues(conn, [name])
 
     @staticmethod
@@ -105,8 +106,6 @@ class BrokerState(QueueBase):
             conn.execute(f"DELETE FROM {_QUEUES} WHERE name = ?", (name,))
         return deleted
 
-    # -- BrokerStore: exchanges and bindings ---------------------------------------------------------------------
-
     def declare_exchange(
         self,
         name: str,
@@ -118,45 +117,45 @@ class BrokerState(QueueBase):
     ) -> None:
         """Create or update an exchange (its type is what routing in other processes will use)."""
         args = json.dumps(dict(arguments or {}), sort_keys=True, default=str)
-        with self._write() as conn:
+        with self.tx.write() as conn:
             conn.execute(
                 f"INSERT INTO {_EXCHANGES} (name, type, durable, auto_delete, arguments, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET type = excluded.type,"
                 " durable = excluded.durable, auto_delete = excluded.auto_delete, arguments = excluded.arguments",
-                (name, type, int(durable), int(auto_delete), args, self._now()),
+                (name, type, int(durable), int(auto_delete), args, self.tx.now()),
             )
 
     def exchange_type(self, name: str) -> str | None:
-        rows = self._read(f"SELECT type FROM {_EXCHANGES} WHERE name = ?", (name,))
+        rows = self.tx.read(f"SELECT type FROM {_EXCHANGES} WHERE name = ?", (name,))
         return str(rows[0][0]) if rows else None
 
     def queues(self) -> list[str]:
         """The names of the declared queues."""
-        return [str(r[0]) for r in self._read(f"SELECT name FROM {_QUEUES} ORDER BY name")]
+        return [str(r[0]) for r in self.tx.read(f"SELECT name FROM {_QUEUES} ORDER BY name")]
 
     def consumers(self) -> dict[str, int]:
         """How many live consumers (heartbeats not yet collected) each consumed queue has."""
-        return {str(q): int(n) for q, n in self._read(f"SELECT queue, COUNT(*) FROM {_CONSUMERS} GROUP BY queue")}
+        return {str(q): int(n) for q, n in self.tx.read(f"SELECT queue, COUNT(*) FROM {_CONSUMERS} GROUP BY queue")}
 
     def exchanges(self) -> list[str]:
-        return [str(r[0]) for r in self._read(f"SELECT name FROM {_EXCHANGES} ORDER BY name")]
+        return [str(r[0]) for r in self.tx.read(f"SELECT name FROM {_EXCHANGES} ORDER BY name")]
 
     def delete_exchange(self, name: str) -> None:
         """Delete an exchange and its bindings (queues stay, as in AMQP)."""
-        with self._write() as conn:
+        with self.tx.write() as conn:
             conn.execute(f"DELETE FROM {_BINDINGS} WHERE exchange = ?", (name,))
             conn.execute(f"DELETE FROM {_EXCHANGES} WHERE name = ?", (name,))
 
     def bind(self, exchange: str, routing_key: str, pattern: str | None, queue: str) -> None:
-        with self._write() as conn:
+        with self.tx.write() as conn:
             conn.execute(
                 f"INSERT INTO {_BINDINGS} (exchange, routing_key, queue, pattern, created_at) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT (exchange, routing_key, queue) DO UPDATE SET pattern = excluded.pattern",
-                (exchange, routing_key or "", queue, pattern, self._now()),
+                (exchange, routing_key or "", queue, pattern, self.tx.now()),
             )
 
     def unbind(self, exchange: str, routing_key: str, queue: str) -> None:
-        with self._write() as conn:
+        with self.tx.write() as conn:
             conn.execute(
                 f"DELETE FROM {_BINDINGS} WHERE exchange = ? AND routing_key = ? AND queue = ?",
                 (exchange, routing_key or "", queue),
@@ -165,18 +164,16 @@ class BrokerState(QueueBase):
     def bindings(self, exchange: str | None = None) -> list[Binding]:
         """Bindings of one exchange, or all of them."""
         sql = f"SELECT exchange, routing_key, pattern, queue FROM {_BINDINGS}"
-        rows = self._read(sql + " WHERE exchange = ?", (exchange,)) if exchange is not None else self._read(sql)
+        rows = self.tx.read(sql + " WHERE exchange = ?", (exchange,)) if exchange is not None else self.tx.read(sql)
         return [Binding(str(e), str(k), None if p is None else str(p), str(q)) for e, k, p, q in rows]
-
-    # -- BrokerStore: liveness and collection --------------------------------------------------------------------
 
     def touch(self, consumer: str, queues: Sequence[str]) -> list[str]:
         """Record that ``consumer`` is alive on ``queues`` and mark them used; return those not declared."""
         if not queues:
             return []
         names = list(dict.fromkeys(queues))
-        now = self._now()
-        with self._write() as conn:
+        now = self.tx.now()
+        with self.tx.write() as conn:
             conn.executemany(
                 f"INSERT INTO {_CONSUMERS} (queue, consumer, seen_at) VALUES (?, ?, ?)"
                 " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at",
@@ -191,7 +188,7 @@ class BrokerState(QueueBase):
         if not queues:
             return []
         names = list(dict.fromkeys(queues))
-        with self._write() as conn:
+        with self.tx.write() as conn:
             conn.executemany(
                 f"DELETE FROM {_CONSUMERS} WHERE queue = ? AND consumer = ?", [(q, consumer) for q in names]
             )
@@ -220,8 +217,8 @@ class BrokerState(QueueBase):
 
         A collected queue goes with its bindings and messages. Returns counts by kind.
         """
-        now = self._now()
-        with self._write() as conn:
+        now = self.tx.now()
+        with self.tx.write() as conn:
             expired = [
                 str(r[0])
                 for r in conn.execute(

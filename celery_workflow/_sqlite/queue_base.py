@@ -1,6 +1,7 @@
-"""What every part of the SQLite queue shares: its clock (microseconds since the epoch, replaceable in tests) and
-its transactions (:class:`QueueBase`), which :class:`~celery_workflow._sqlite.broker_state.BrokerState` and
-:class:`~celery_workflow._sqlite.queue.SQLiteQueue` build on."""
+"""What every part of the SQLite queue shares: its database, its clock (microseconds since the epoch, replaceable in
+tests) and its transactions (:class:`Transactions`). Each part of :class:`~celery_workflow._sqlite.queue.SQLiteQueue`
+(deliveries, dead letters, broker state) holds the same :class:`Transactions`, so a clock a test sets on the queue
+applies to every part."""
 
 from __future__ import annotations
 
@@ -27,21 +28,19 @@ def marks(values: Sized) -> str:
     return ", ".join("?" * len(values))
 
 
-class QueueBase:
-    """A :class:`~celery_workflow._sqlite.database.Database` and the queue's clock."""
+class Transactions:
+    """A :class:`~celery_workflow._sqlite.database.Database` and the queue's clock, shared by the parts of the queue."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
         #: Wall clock in seconds since the epoch; tests may replace it.
         self.clock: Callable[[], float] = time.time
 
-    # -- plumbing ------------------------------------------------------------------------------------------------
-
-    def _now(self) -> int:
+    def now(self) -> int:
         return micros(self.clock())
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def write(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction; sqlite3 errors become WorldError."""
         try:
             with self.db.transaction() as conn:
@@ -49,7 +48,7 @@ class QueueBase:
         except sqlite3.Error as exc:
             raise WorldError(f"SQLite queue: {exc}") from exc
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
             return self.db.connection().execute(sql, params).fetchall()
         except sqlite3.Error as exc:

@@ -98,3 +98,28 @@ STORES: list[tuple[type, tuple[type, ...]]] = [
 @pytest.mark.parametrize(("klass", "layers"), STORES, ids=[k.__name__ for k, _ in STORES])
 def test_every_store_implements_its_layers(klass: type, layers: tuple[Any, ...]) -> None:
     assert [f"{layer.__name__}: {w}" for layer in layers for w in _conforms(klass, layer)] == []
+
+
+def test_the_sql_queues_are_composed_not_chained() -> None:
+    """SQLiteQueue and PostgresQueue hold their parts (deliveries, dead letters, broker state; standing claims and
+    notifications on Postgres) and hand the contract's calls to them: no part inherits from another."""
+    from celery_workflow._backend.composed import ComposedQueue
+    from celery_workflow._postgres import broker_state as pg_state
+    from celery_workflow._postgres import changes, deliveries, letters, standing
+    from celery_workflow._sqlite import broker_state as sqlite_state
+    from celery_workflow._sqlite import deliveries as sqlite_deliveries
+    from celery_workflow._sqlite import letters as sqlite_letters
+
+    for queue in (SQLiteQueue, PostgresQueue):
+        assert queue.__mro__[1:] == (ComposedQueue, object)
+    parts = [
+        pg_state.BrokerState,
+        changes.Changes,
+        deliveries.Deliveries,
+        letters.DeadLetters,
+        standing.StandingClaims,
+        sqlite_state.BrokerState,
+        sqlite_deliveries.Deliveries,
+        sqlite_letters.DeadLetters,
+    ]
+    assert [part.__name__ for part in parts if part.__mro__[1:] != (object,)] == []
