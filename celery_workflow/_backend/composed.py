@@ -50,7 +50,7 @@ class ComposedQueue:
     letters: DeadLetterStore
     broker_state: RoutingPart
 
-    # -- deliveries -------------------------------------------------------------------------------------------------------
+    # -- deliveries ----------------------------------------------------------------------------------------------------
 
     def enqueue(self, deliveries: Sequence[Delivery]) -> list[bool]:
         return self.deliveries.enqueue(deliveries)
@@ -114,7 +114,7 @@ class ComposedQueue:
     def purge(self, queue: str) -> int:
         return self.deliveries.purge(queue)
 
-    # -- dead letters -----------------------------------------------------------------------------------------------------
+    # -- dead letters --------------------------------------------------------------------------------------------------
 
     def dead_letter(self, receipt: str, *, reason: str, error: str | None = None) -> DeadLetter | None:
         return self.letters.dead_letter(receipt, reason=reason, error=error)
@@ -139,7 +139,7 @@ class ComposedQueue:
     def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         return self.letters.purge_dead_letters(ids, queue=queue)
 
-    # -- broker state -----------------------------------------------------------------------------------------------------
+    # -- broker state --------------------------------------------------------------------------------------------------
 
     def declare_queue(
         self,

@@ -103,7 +103,7 @@ class PostgresQueue(ComposedQueue):
     def clock(self, value: Callable[[], float] | None) -> None:
         self.sql.clock = value
 
-    # -- in a World's open transaction (Deliveries) -----------------------------------------------------------------------
+    # -- in a World's open transaction (Deliveries) --------------------------------------------------------------------
 
     def insert(self, conn: Conn, deliveries: Sequence[Delivery]) -> list[bool]:
         return self.deliveries.insert(conn, deliveries)
@@ -127,7 +127,7 @@ class PostgresQueue(ComposedQueue):
     def add_delete_claim(self, script: Script, receipt: str) -> int:
         return self.deliveries.add_delete_claim(script, receipt)
 
-    # -- with standing claims riding along (Deliveries) -------------------------------------------------------------------
+    # -- with standing claims riding along (Deliveries) ----------------------------------------------------------------
 
     def ack(self, receipt: str, *, register: Registration | None = None, lease: float = 60.0) -> None:
         self.deliveries.ack(receipt, register=register, lease=lease)
@@ -146,7 +146,7 @@ class PostgresQueue(ComposedQueue):
             queues, no_ack=no_ack, limit=limit, lease=lease, withdraw=withdraw, register=register
         )
 
-    # -- standing claims (StandingClaims) ---------------------------------------------------------------------------------
+    # -- standing claims (StandingClaims) ------------------------------------------------------------------------------
 
     def claim_notified(
         self, queue: str, row_id: int, *, lease: float = 60.0, withdraw: str | None = None
@@ -159,7 +159,7 @@ class PostgresQueue(ComposedQueue):
     def withdraw(self, token: str, *, release: bool = True, forget: bool = False) -> None:
         self.standing.withdraw(token, release=release, forget=forget)
 
-    # -- change notification (Changes) ------------------------------------------------------------------------------------
+    # -- change notification (Changes) ---------------------------------------------------------------------------------
 
     def change_token(self, queues: Sequence[str] | None = None) -> Any:
         return self.changes.change_token(queues)

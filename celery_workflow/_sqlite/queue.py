@@ -87,7 +87,7 @@ class SQLiteQueue(ComposedQueue):
     def clock(self, value: Callable[[], float]) -> None:
         self.tx.clock = value
 
-    # -- in a World's open transaction (Deliveries) -----------------------------------------------------------------------
+    # -- in a World's open transaction (Deliveries) --------------------------------------------------------------------
 
     def insert(self, conn: sqlite3.Connection, deliveries: Sequence[Delivery]) -> list[bool]:
         return self.deliveries.insert(conn, deliveries)
@@ -98,7 +98,7 @@ class SQLiteQueue(ComposedQueue):
     def delete_claim(self, conn: sqlite3.Connection, receipt: str) -> None:
         self.deliveries.delete_claim(conn, receipt)
 
-    # -- change notification ----------------------------------------------------------------------------------------------
+    # -- change notification -------------------------------------------------------------------------------------------
 
     def change_token(self) -> int:
         """A value that changes when another connection commits (``PRAGMA data_version``)."""

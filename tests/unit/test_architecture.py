@@ -163,11 +163,6 @@ def test_the_parser_sees_the_known_arrows() -> None:
     assert len(MODULES) > 50
 
 
-#: Loops another change removes (issue #28, item 5: ``transport.base`` hands its pool to the worker through
-#: ``transport.pool_hook``, which imports ``transport.base`` back inside a function); left out of the check until then.
-KNOWN_LOOPS = {frozenset({"celery_workflow.transport.base", "celery_workflow.transport.pool_hook"})}
-
-
 def _runtime_graph() -> dict[str, set[str]]:
     """Module -> the package modules its running imports load: module level or inside a function, never under
     ``TYPE_CHECKING``; importing ``pkg.sub`` from outside ``pkg`` loads ``pkg`` (its ``__init__``) as well (the
@@ -230,7 +225,7 @@ def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_loop() -> None:
-    loops = [loop for loop in import_loops(_runtime_graph()) if frozenset(loop) not in KNOWN_LOOPS]
+    loops = import_loops(_runtime_graph())
     assert loops == [], "import loops:\n" + "\n".join(" -> ".join(loop) for loop in loops)
 
 
