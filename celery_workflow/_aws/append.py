@@ -244,10 +244,10 @@ class AWSAppend:
         # the acked delivery held the run's wake-ups (a split write, World.hold_wakes): this commit ends the hold
         tx.holding = tx.ack is not None and tx.pending_wake == tx.ack.id
         if tx.pending_wake is not None and not tx.holding:  # a wake-up queued that no worker took yet reads this too
-            kept = [r for r in records if not is_wake(r)]
+            kept = [r for r in records if not is_wake(r, request.run_id)]
             tx.dropped_wake, records = len(kept) < len(records), kept
         else:
-            records = [replace(r, marked=True) if is_wake(r) else r for r in records]
+            records = [replace(r, marked=True) if is_wake(r, request.run_id) else r for r in records]
         expiry = world.expiry_record(plan) if plan.run_ended else None
         actions, cleanup = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
         ack_index = None
@@ -505,7 +505,7 @@ class AWSAppend:
         # a wake-up is queued only while none is: the append that queues one marks the run, one that leaves its own
         # out holds only while the mark is the one it read (the claim that clears it comes before the log is read)
         # (a delivery that held the run's wake-ups ends the hold with its ack, on the condition that it still holds)
-        wake = next((r for r in records if is_wake(r)), None)
+        wake = next((r for r in records if is_wake(r, run.run_id)), None)
 
         def still() -> str:  # the mark is still the one read
             return f"{name('pending_wake')} = {value({'S': str(tx.pending_wake)})}"
@@ -571,9 +571,10 @@ class AWSAppend:
         return [], []
 
 
-def is_wake(record: Record) -> bool:
-    """A run's wake-up due now (idempotency key ``wake``): one queued and unclaimed stands for any other."""
-    return record.idempotency_key == WAKE_KEY and record.run_id is not None
+def is_wake(record: Record, run_id: str) -> bool:
+    """A wake-up of ``run_id`` due now (idempotency key ``wake``): one queued and unclaimed stands for any other. A
+    wake-up of another run in the batch (a hand-over's, of the successor) is that run's and is never folded here."""
+    return record.idempotency_key == WAKE_KEY and record.run_id == run_id
 
 
 def transaction_size(actions: list[dict[str, Any]]) -> int:

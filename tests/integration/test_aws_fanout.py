@@ -150,6 +150,22 @@ def test_a_run_has_one_wake_up_queued_at_a_time(world: AWSWorld, aws: Aws) -> No
     assert _wakes(world, aws) == [b"timer", b"timer"]
 
 
+def test_a_wake_up_of_another_run_is_never_folded(world: AWSWorld, aws: Aws) -> None:
+    """A hand-over writes its successor's wake-up with the predecessor's end: a wake-up pending on the predecessor
+    left the successor's out (it then waited for its check delivery, a minute later), and without one it was marked
+    as the predecessor's pending wake-up."""
+    run = create(world, started=True)
+    successor = create(world, started=True)
+    world.append(run.run_id, [], deliveries=[Delivery("celery", b"wake run", run.run_id, idempotency_key="wake")])
+    successor_wake = Delivery("celery", b"wake successor", successor.run_id, idempotency_key="wake")
+    world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)], deliveries=[successor_wake])
+    assert sorted(_wakes(world, aws)) == [b"wake run", b"wake successor"]
+    other = create(world, started=True)
+    world.append(other.run_id, [], deliveries=[successor_wake])
+    assert "pending_wake" not in from_item(world.table.get({"pk": run_pk(other.run_id), "sk": META}) or {})
+    assert _wakes(world, aws) == [b"wake successor"]
+
+
 class _Died(BaseException):
     """The writing worker's process ends here (nothing after it runs, nothing is released)."""
 
