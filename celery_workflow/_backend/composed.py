@@ -29,6 +29,7 @@ class DeliveryPart(WorldQueue, ExpiringMessages, Protocol):
 
     def due_times(self, queues: Sequence[str]) -> dict[str, float]: ...
     def next_due(self, queues: Sequence[str]) -> float | None: ...
+    def delayed(self, queues: Sequence[str], *, limit: int = ...) -> list[QueuedMessage]: ...
 
 
 class RoutingPart(BrokerRouting, Protocol):
@@ -107,6 +108,9 @@ class ComposedQueue:
 
     def peek(self, queues: Sequence[str] | None = None) -> list[QueuedMessage]:
         return self.deliveries.peek(queues)
+
+    def delayed(self, queues: Sequence[str], *, limit: int = 1000) -> list[QueuedMessage]:
+        return self.deliveries.delayed(queues, limit=limit)
 
     def size(self, queue: str) -> int:
         return self.deliveries.size(queue)

@@ -314,6 +314,23 @@ class Deliveries:
         )
         return queued_messages(rows, lambda moment: float(moment.timestamp()))
 
+    def delayed(self, queues: Sequence[str], *, limit: int = 1000) -> list[QueuedMessage]:
+        """The messages of ``queues`` held for later: not yet due, not claimed and not expired, soonest due first (at
+        most ``limit``). What a worker would hold in its ETA timer on a broker that delivers at once (Celery's
+        ``inspect scheduled``); here the store holds them. Times are the database server's."""
+        if not queues or limit <= 0:
+            return []
+        rows = self.sql.rows(
+            "delayed",
+            "SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at,"
+            f" payload FROM {stmt.Q} WHERE queue = ANY(%(queues)s::text[]) AND not_before > {stmt.NOW}"
+            f" AND (lease_until IS NULL OR lease_until <= {stmt.NOW}) AND (expires_at IS NULL OR expires_at > {stmt.NOW})"
+            " ORDER BY not_before, id LIMIT %(limit)s",
+            queues=list(dict.fromkeys(queues)),
+            limit=limit,
+        )
+        return queued_messages(rows, lambda moment: float(moment.timestamp()))
+
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
         rows = self.sql.rows(

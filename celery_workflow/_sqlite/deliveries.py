@@ -283,6 +283,23 @@ class Deliveries:
         rows = self.tx.read(sql + " ORDER BY not_before, id", names or ())
         return queued_messages(rows, lambda micros: micros / 1e6)
 
+    def delayed(self, queues: Sequence[str], *, limit: int = 1000) -> list[QueuedMessage]:
+        """The messages of ``queues`` held for later: not yet due, not claimed and not expired, soonest due first (at
+        most ``limit``). What a worker would hold in its ETA timer on a broker that delivers at once (Celery's
+        ``inspect scheduled``); here the store holds them."""
+        names = list(dict.fromkeys(queues))
+        if not names or limit <= 0:
+            return []
+        now = self.tx.now()
+        rows = self.tx.read(
+            f"SELECT id, queue, run_id, attempts, not_before, lease_until, idempotency_key, expires_at, payload"
+            f" FROM {_Q} WHERE queue IN ({marks(names)}) AND not_before > ?"
+            " AND (lease_until IS NULL OR lease_until <= ?) AND (expires_at IS NULL OR expires_at > ?)"
+            " ORDER BY not_before, id LIMIT ?",
+            (*names, now, now, now, limit),
+        )
+        return queued_messages(rows, lambda micros: micros / 1e6)
+
     def size(self, queue: str) -> int:
         """Messages waiting on ``queue``: not leased and not expired (delayed ones included)."""
         now = self.tx.now()

@@ -57,6 +57,9 @@ def claim_in_processes(
 class QueueStoreSuite:
     """The store-level behaviour of the queue both transports and Worlds rely on."""
 
+    #: Whether the store answers ``delayed`` (the SQL stores do; the Redis store does not yet).
+    lists_delayed = True
+
     def test_claims_oldest_due_first_across_queues(self, queue: Any) -> None:
         queue.enqueue(
             [
@@ -133,6 +136,36 @@ class QueueStoreSuite:
         assert held.attempts == 1 and held.leased_until == pytest.approx(T0 + 10)
         assert claim.receipt.startswith(f"{held.id}.")
         assert [m.queue for m in queue.peek(["a", "zzz"])] == ["a"]
+
+    def test_delayed_lists_what_is_held_for_later_soonest_first(self, queue: Any, clock: Clock) -> None:
+        """What ``celery inspect scheduled`` answers on these transports (issue #33, item 3): the store, not a worker,
+        holds a countdown task until it is due."""
+        if not self.lists_delayed:
+            pytest.skip("this store lists no delayed messages")
+        queue.enqueue(
+            [
+                Delivery("a", b"in 60", run_id="r1", not_before=at(60)),
+                Delivery("a", b"now", not_before=at(0)),
+                Delivery("b", b"in 30", not_before=at(30)),
+                Delivery("c", b"in 10, elsewhere", not_before=at(10)),
+            ]
+        )
+        queue.put("b", b"in 20, expires in 5", not_before=T0 + 20, ttl=5)
+        assert queue.delayed([]) == []
+        listed = queue.delayed(["a", "b", "zzz"])
+        assert [(m.queue, m.payload) for m in listed] == [
+            ("b", b"in 20, expires in 5"),
+            ("b", b"in 30"),
+            ("a", b"in 60"),
+        ]
+        assert listed[2].due == pytest.approx(T0 + 60) and listed[2].run_id == "r1"
+        assert [m.payload for m in queue.delayed(["a", "b"], limit=1)] == [b"in 20, expires in 5"]
+        clock.advance(5)  # expired: never to be delivered
+        assert [m.payload for m in queue.delayed(["a", "b"], limit=1)] == [b"in 30"]
+        clock.advance(25)  # "in 30" is due now: waiting, not held for later
+        assert [m.payload for m in queue.delayed(["a", "b"])] == [b"in 60"]
+        assert [c.payload for c in queue.claim(["b"])] == [b"in 30"]
+        assert [m.payload for m in queue.delayed(["a", "b"])] == [b"in 60"]
 
     def test_release_ends_the_claim(self, queue: Any) -> None:
         queue.enqueue([Delivery("a", b"x")])
