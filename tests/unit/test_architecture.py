@@ -286,11 +286,14 @@ def test_celery_is_used_only_by_app_py() -> None:
     # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py and
     # testing/conformance_fanout.py run real workflows on the World under test, in a Workflows with a Celery app of
     # their own, for the same reason; worker_setup.py is app.py's worker side (the worker signals a Workflows connects:
-    # queues without -Q, pools per process, upkeep), a module of its own to keep app.py under the size limit
+    # queues without -Q, pools per process, upkeep), a module of its own to keep app.py under the size limit;
+    # transport/scheduled.py is the ``inspect scheduled`` remote-control command a worker on our transports answers
+    # (celery.worker.control's Panel, installed on celery.signals.worker_init)
     allowed = {
         "celery_workflow.app",
         "celery_workflow.worker_setup",
         "celery_workflow.demo",
+        "celery_workflow.transport.scheduled",
         "celery_workflow.inspector.server",
         "celery_workflow.testing.conformance_faults",
         "celery_workflow.testing.conformance_fanout",
