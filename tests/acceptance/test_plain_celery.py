@@ -22,9 +22,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -34,7 +36,7 @@ import pytest
 from celery import chain, chord, group
 from celery.result import AsyncResult
 
-from .workers import APPS, Worker, imported_app, postgres_schema, wait_for
+from .workers import APPS, Worker, free_port, imported_app, postgres_schema, wait_for
 
 pytestmark = pytest.mark.acceptance
 
@@ -204,6 +206,39 @@ def test_a_countdown_task_is_listed_as_scheduled_and_a_revoke_before_it_is_due_h
     env.app.control.revoke(result.id)
     wait_for(lambda: env.state(result.id) == "REVOKED", 20, env.tail)
     assert env.results("scheduled") == []
+
+
+def test_flower_shows_a_countdown_task_as_scheduled(env: Env) -> None:
+    """Flower's worker page asks ``inspect scheduled``: on our transports the store's answer shows there."""
+    port = free_port()
+    log = (env.root / "flower.log").open("ab")
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "plainapp", "flower", "--address=127.0.0.1", f"--port={port}"],
+        cwd=APPS,
+        env={**os.environ, **env.env, "FLOWER_UNAUTHENTICATED_API": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    result = env.module.record.apply_async(("flower-scheduled",), countdown=60)
+    try:
+
+        def shown() -> list[dict[str, Any]] | None:
+            try:
+                url = f"http://127.0.0.1:{port}/api/workers?workername={W1}&refresh=1"
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    found = json.loads(response.read()).get(W1, {}).get("scheduled") or []
+            except (OSError, ValueError):
+                return None
+            return [s for s in found if s["request"]["id"] == result.id] or None
+
+        (entry,) = wait_for(shown, 30, lambda: (env.root / "flower.log").read_text(errors="replace")[-3000:])
+        assert entry["request"]["name"] == "plainapp.record"
+    finally:
+        env.app.control.revoke(result.id)
+        os.killpg(flower.pid, signal.SIGKILL)
+        flower.wait(timeout=10)
+        log.close()
 
 
 def test_revoke_terminates_a_running_task(env: Env) -> None:
