@@ -17,7 +17,7 @@ import click
 
 from celery_workflow.cli.session import BadInput, Session, echo_json
 from celery_workflow.cli.text import shown
-from celery_workflow.transport.scheduled import delayed_requests
+from celery_workflow.transport.scheduled import delayed_requests, listed_queues
 
 __all__ = ["scheduled"]
 
@@ -25,15 +25,10 @@ pass_session = click.make_pass_decorator(Session)
 
 
 def _queues(session: Session, store: Any) -> list[str]:
-    """Every queue the store knows (declared by a consumer) and, under ``celery -A app``, every queue of the app's
-    workflows (their deliveries may wait on a queue no worker declared yet)."""
     from celery_workflow.worker_setup import known_queues
 
-    names = list(store.queues()) if callable(getattr(store, "queues", None)) else []
     wf = session.workflows()
-    if wf is not None:
-        names += known_queues(wf)
-    return list(dict.fromkeys(names))
+    return listed_queues(store, known_queues(wf) if wf is not None else ())
 
 
 @click.command("scheduled")
@@ -54,12 +49,12 @@ def scheduled(session: Session, queues: Sequence[str], limit: int, as_json: bool
         click.echo("no scheduled tasks")
         return
     now = time.time()
-    click.echo(f"{'DUE (UTC)':19} {'IN':>8} {'QUEUE':16} {'TASK':32} TASK ID")
+    click.echo(f"{'DUE (UTC)':19} {'IN':>8} {'QUEUE':16} {'TASK':32} {'TASK ID':36} RUN ID")
     for entry in entries:
         request = entry["request"]
         due = datetime.fromisoformat(entry["eta"])
         click.echo(
             f"{due:%Y-%m-%d %H:%M:%S} {max(due.timestamp() - now, 0):>7.0f}s"
             f" {shown(request['delivery_info']['routing_key'])[:16]:16} {shown(request['name'] or '?')[:32]:32}"
-            f" {shown(request['id'] or '?')}"
+            f" {shown(request['id'] or '?')[:36]:36} {shown(entry['run_id'] or '-')}"
         )

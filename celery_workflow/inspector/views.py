@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, render_template, request, url_for
@@ -38,6 +39,7 @@ from celery_workflow.events import RunStatus, RunView
 from celery_workflow.ids import utcnow
 from celery_workflow.inspector import guard, model
 from celery_workflow.runtime import continuation
+from celery_workflow.transport.scheduled import delayed_requests, listed_queues
 from celery_workflow.world import StreamPage, World
 
 if TYPE_CHECKING:
@@ -59,6 +61,8 @@ NAMES_PAGE = 200
 #: Live hooks and pending sleeps the run page lists (a count says how many more there are).
 LIVE_SHOWN = 200
 LETTERS_PAGE = 100
+#: Delayed messages one page of ``/scheduled`` lists (soonest due first).
+SCHEDULED_PAGE = 500
 MAX_INT64 = 2**63 - 1
 #: The longest a live tail answer streams before it ends (the browser's EventSource then reconnects where it was).
 TAIL_LIFETIME = 60.0
@@ -441,6 +445,27 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
         resp = Response(tail_events(w, run_id, name, start, ins.settings), mimetype="text/event-stream")
         resp.headers["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
         return resp
+
+    @bp.get("/scheduled")
+    def scheduled() -> Response:
+        """Countdown/ETA deliveries the World's queue holds until they are due (no worker holds them)."""
+        ins.check(guard.VIEW)
+        queue = text_arg("queue")
+        store = getattr(ins.world, "store", None)
+        if not callable(getattr(store, "delayed", None)):
+            unavailable = "This World's queue cannot list its delayed messages (the SQLite and Postgres Worlds can)."
+            return ins.page("scheduled.html", entries=[], unavailable=unavailable, filters={"queue": queue})
+        queues = [queue] if queue else listed_queues(store, worker_setup.known_queues(ins.wf))
+        entries = delayed_requests(store, queues, None, SCHEDULED_PAGE)
+        for entry in entries:
+            entry["due"] = datetime.fromisoformat(entry["eta"])
+        return ins.page(
+            "scheduled.html",
+            entries=entries,
+            unavailable=None,
+            filters={"queue": queue},
+            full=len(entries) == SCHEDULED_PAGE,
+        )
 
     @bp.get("/dead-letters")
     def dead_letters() -> Response:

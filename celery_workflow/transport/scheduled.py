@@ -12,7 +12,7 @@ again replaces it) by :func:`scheduled`: Celery's own answer (what the timer hol
 before they run) followed by the store's delayed messages of the queues this worker consumes
 (``delayed(queues, limit=)`` of the SQL queue stores), soonest first, at most :data:`LIMIT`, in Celery's reply
 shape: ``{"eta", "priority", "request": {"id", "name", "args", "kwargs", "type", "hostname", "time_start",
-"acknowledged", "delivery_info", "worker_pid"}}`` plus ``"held_by": "store"``. ``args``/``kwargs`` are the message's
+"acknowledged", "delivery_info", "worker_pid"}}`` plus ``"held_by": "store"`` and ``"run_id"`` (a workflow's). ``args``/``kwargs`` are the message's
 ``argsrepr``/``kwargsrepr`` (the body is not deserialized in the worker's consumer thread).
 
 Every worker consuming a queue answers with that queue's delayed messages: nobody holds them yet, so with two workers
@@ -32,7 +32,7 @@ from celery import signals
 
 from celery_workflow.errors import WorldError
 
-__all__ = ["LIMIT", "connect", "delayed_requests", "install", "scheduled"]
+__all__ = ["LIMIT", "connect", "delayed_requests", "install", "listed_queues", "scheduled"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ class _Delayed(Protocol):
 
     @property
     def queue(self) -> str: ...
+    @property
+    def run_id(self) -> str | None: ...
     @property
     def attempts(self) -> int: ...
     @property
@@ -73,6 +75,7 @@ def _request(message: _Delayed, hostname: str | None) -> dict[str, Any]:
         "eta": eta,
         "priority": priority if isinstance(priority, int) else 0,
         "held_by": "store",
+        "run_id": message.run_id,
         "request": {
             "id": headers.get("id"),
             "name": headers.get("task"),
@@ -102,6 +105,14 @@ def delayed_requests(
     if delayed is None or not queues:
         return []
     return [_request(m, hostname) for m in delayed(list(queues), limit=limit)]
+
+
+def listed_queues(store: Any, also: Iterable[str] = ()) -> list[str]:
+    """The queues to list when none are named: every queue ``store`` knows (declared by a consumer or a publisher),
+    then ``also`` (e.g. an app's workflow queues, whose deliveries may wait on a queue nobody declared yet)."""
+    queues = getattr(store, "queues", None)
+    names = list(queues()) if callable(queues) else []
+    return list(dict.fromkeys([*names, *also]))
 
 
 def _store_of(state: Any) -> Any:

@@ -510,3 +510,18 @@ def test_the_inspector_works_on_the_aws_world(aws: Aws) -> None:
     token = csrf(http, f"{PREFIX}/runs/{run_id}")
     assert http.post(f"{PREFIX}/runs/{run_id}/cancel", data={"csrf_token": token}).status_code == 303
     assert workflows.world.get_run(run_id).status == "cancelled"
+
+
+def test_scheduled_lists_what_the_world_s_queue_holds_until_due(wf: Workflows) -> None:
+    """A delivery backed off for 10 minutes waits in the World's queue, not in a worker: the Scheduled page lists it
+    with its run (issue #33, item 3)."""
+    run = wf.start("greet", "ann")
+    (claimed,) = wf.world.claim(["celery"], lease=30)
+    wf.world.store.retry_later(claimed.receipt, 600)
+    wf.start("greet", "bob")  # due at once: waiting, not scheduled
+    http = client(wf)
+    page = http.get(f"{PREFIX}/scheduled").get_data(as_text=True)
+    assert page.count('class="scheduled-task"') == 1
+    assert "workflow.greet" in page and f'href="{PREFIX}/runs/{run.id}"' in page
+    assert "nothing scheduled" in http.get(f"{PREFIX}/scheduled?queue=other").get_data(as_text=True)
+    assert f'href="{PREFIX}/scheduled"' in http.get(f"{PREFIX}/").get_data(as_text=True)  # in the header
