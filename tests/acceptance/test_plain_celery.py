@@ -361,6 +361,15 @@ def test_inspect_active_and_stats(env: Env) -> None:
     assert result.get(timeout=15) == "active"
 
 
+def test_stats_report_celery_s_own_prefork_pool(env: Env, request: pytest.FixtureRequest) -> None:
+    """Today a worker on our transports runs ``celery_workflow.transport.prefork.TaskPool`` (billiard's pool with
+    pipe locks the kernel releases); on the event loop it runs Celery's own (issue #28, item 2)."""
+    on_the_blocking_loop(env, request)
+    stats = (env.inspect(W1).stats() or {}).get(W1)
+    assert stats is not None, env.tail()
+    assert stats["pool"]["implementation"] == "celery.concurrency.prefork:TaskPool"
+
+
 def test_add_and_cancel_consumer(env: Env) -> None:
     control = env.app.control
     reply = control.add_consumer("extra", destination=[W1], reply=True, timeout=3)
