@@ -8,11 +8,11 @@ so Celery's command alone answers an empty list and so does Flower's "Scheduled 
 :func:`connect` (called when the transports are imported) connects a ``worker_init`` receiver that, in a worker
 whose broker is one of our store-backed transports, replaces Celery's ``scheduled`` command (and its alias
 ``dump_schedule``: :meth:`celery.worker.control.Panel.register` keeps one command per name, so registering the name
-again replaces it) by :func:`scheduled`: Celery's own answer (what the timer holds: messages due within the second
-before they run) followed by the store's delayed messages of the queues this worker consumes
-(``delayed(queues, limit=)`` of the SQL queue stores), soonest first, at most :data:`LIMIT`, in Celery's reply
-shape: ``{"eta", "priority", "request": {"id", "name", "args", "kwargs", "type", "hostname", "time_start",
-"acknowledged", "delivery_info", "worker_pid"}}`` plus ``"held_by": "store"`` and ``"run_id"`` (a workflow's). ``args``/``kwargs`` are the message's
+again replaces it) by :func:`scheduled`: Celery's own answer (whatever the worker's ETA timer holds) followed by the
+store's delayed messages of the queues this worker consumes (``delayed(queues, limit=)`` of the SQL queue stores),
+soonest first, at most :data:`LIMIT`, in Celery's reply shape: ``{"eta", "priority", "request": {"id", "name",
+"args", "kwargs", "type", "hostname", "time_start", "acknowledged", "delivery_info", "worker_pid"}}`` plus
+``"held_by": "store"`` and ``"run_id"`` (a workflow delivery's run). ``args``/``kwargs`` are the message's
 ``argsrepr``/``kwargsrepr`` (the body is not deserialized in the worker's consumer thread).
 
 Every worker consuming a queue answers with that queue's delayed messages: nobody holds them yet, so with two workers

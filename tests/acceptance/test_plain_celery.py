@@ -3,8 +3,9 @@
 The same cases, with real ``celery worker`` processes, on Redis (Kombu's own transport, a key prefix of its own) and
 on our SQLite, Postgres and SQS (the moto server; Redis as its control channel) transports; the result backend is
 Redis everywhere. Per broker two workers start once: ``w1`` (prefork, 2 processes, the default queue) and ``w2``
-(prefork, 1 process, only ``busy``: a pool that one task fills). The app is ``apps/plainapp.py``, with Celery's
-defaults.
+(prefork, 1 process, only ``busy``: a pool that one task fills; with it full, the worker still answers ping and
+inspect within Celery's 1 s and honours a revoke of a task it already received, now that our transports run on
+Celery's event loop). The app is ``apps/plainapp.py``, with Celery's defaults.
 
 What cannot hold on our transports, and why (also in docs/design-notes.md):
 
@@ -14,10 +15,6 @@ What cannot hold on our transports, and why (also in docs/design-notes.md):
   ETA. Either way the task never runs. (The SQS store ignores ``expiration``: as on Redis.)
 * **``inspect scheduled`` on SQS**: a countdown task is an SQS delay (or a Scheduler schedule), which SQS does not
   show and no worker holds; ``xfail(strict=True)``. On SQLite and Postgres the worker answers from the store.
-* **A busy pool** (``w2`` with its only process taken): today our transports run Celery's blocking loop, whose
-  consumer waits for a free pool slot before it reads anything else, so the worker answers no ping or inspect and does
-  not see a revoke of the task it holds. These cases are ``xfail(strict=True)`` on our transports until the
-  transports run on Celery's event loop (issue #28), when they must pass (issue #33, item 2).
 """
 
 from __future__ import annotations
@@ -53,7 +50,6 @@ WORKERS = {
     W1: ("--pool=prefork", "-c", "2", "-Q", "celery"),
     W2: ("--pool=prefork", "-c", "1", "-Q", "busy"),
 }
-EVENT_LOOP = "until the transports run on Celery's event loop (issue #28)"
 
 
 @contextmanager
@@ -212,13 +208,6 @@ def lists_no_delayed_messages_on_sqs(env: Env, request: pytest.FixtureRequest) -
         request.applymarker(pytest.mark.xfail(strict=True, reason=SQS_DELAYS))
 
 
-def on_the_blocking_loop(env: Env, request: pytest.FixtureRequest) -> None:
-    """Expect this case to fail on our transports while they run Celery's blocking loop (strict: it turns red when
-    they no longer do)."""
-    if env.ours:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=EVENT_LOOP))
-
-
 # -- canvas, retries -----------------------------------------------------------------------------------------------
 
 
@@ -292,7 +281,7 @@ def test_flower_shows_a_countdown_task_as_scheduled(env: Env, request: pytest.Fi
                 return None
             return [s for s in found if s["request"]["id"] == result.id] or None
 
-        (entry,) = wait_for(shown, 30, lambda: (env.root / "flower.log").read_text(errors="replace")[-3000:])
+        (entry,) = wait_for(shown, 15, lambda: (env.root / "flower.log").read_text(errors="replace")[-3000:])
         assert entry["request"]["name"] == "plainapp.record"
     finally:
         env.app.control.revoke(result.id)
@@ -349,7 +338,7 @@ def test_an_expired_task_never_runs(env: Env) -> None:
 
 
 def test_inspect_active_and_stats(env: Env) -> None:
-    result = env.module.hold.delay("active", 5)
+    result = env.module.hold.delay("active", 3)
     wait_for(lambda: env.results("active"), 15, env.tail)
     active = (env.inspect(W1).active() or {}).get(W1) or []
     assert [a["id"] for a in active] == [result.id]
@@ -361,27 +350,29 @@ def test_inspect_active_and_stats(env: Env) -> None:
     assert result.get(timeout=15) == "active"
 
 
-def test_stats_report_celery_s_own_prefork_pool(env: Env, request: pytest.FixtureRequest) -> None:
-    """Today a worker on our transports runs ``celery_workflow.transport.prefork.TaskPool`` (billiard's pool with
-    pipe locks the kernel releases); on the event loop it runs Celery's own (issue #28, item 2)."""
-    on_the_blocking_loop(env, request)
+def test_stats_report_celery_s_own_prefork_pool(env: Env) -> None:
+    """A worker on our transports runs Celery's own prefork pool (issue #28, item 2)."""
     stats = (env.inspect(W1).stats() or {}).get(W1)
     assert stats is not None, env.tail()
     assert stats["pool"]["implementation"] == "celery.concurrency.prefork:TaskPool"
 
 
 def test_add_and_cancel_consumer(env: Env) -> None:
+    """The worker replies to ``add_consumer``/``cancel_consumer`` before it changes its queues (Celery's
+    ``call_soon``), so the test waits for ``active_queues`` to show the change."""
     control = env.app.control
+
+    def consumed() -> list[str]:
+        return [q["name"] for q in (env.inspect(W1).active_queues() or {}).get(W1) or []]
+
     reply = control.add_consumer("extra", destination=[W1], reply=True, timeout=3)
     assert reply and "ok" in reply[0][W1], reply
-    queues = (env.inspect(W1).active_queues() or {}).get(W1) or []
-    assert "extra" in [q["name"] for q in queues]
+    wait_for(lambda: "extra" in consumed(), 10, env.tail)
     first = env.module.record.apply_async(("extra-1",), queue="extra")
     assert first.get(timeout=15) == "extra-1"
     reply = control.cancel_consumer("extra", destination=[W1], reply=True, timeout=3)
     assert reply and "ok" in reply[0][W1], reply
-    queues = (env.inspect(W1).active_queues() or {}).get(W1) or []
-    assert "extra" not in [q["name"] for q in queues]
+    wait_for(lambda: "extra" not in consumed(), 10, env.tail)
     second = env.module.record.apply_async(("extra-2",), queue="extra")
     assert env.module.record.apply_async(("extra-probe",)).get(timeout=15) == "extra-probe"  # sent after, ran first
     assert env.state(second.id) == "PENDING"  # nobody consumes "extra" now …
@@ -391,13 +382,13 @@ def test_add_and_cancel_consumer(env: Env) -> None:
     (ran,) = env.results("extra-2")
     assert ran["at"] >= readded
     control.cancel_consumer("extra", destination=[W1], reply=True, timeout=3)
+    wait_for(lambda: "extra" not in consumed(), 10, env.tail)
 
 
 # -- a busy pool (w2: one process) ---------------------------------------------------------------------------------
 
 
-def test_a_busy_worker_answers_ping_and_inspect_reserved(env: Env, request: pytest.FixtureRequest) -> None:
-    on_the_blocking_loop(env, request)
+def test_a_busy_worker_answers_ping_and_inspect_reserved(env: Env) -> None:
     running = env.module.hold.apply_async(("busy-running", 4), queue="busy")
     waiting = env.module.record.apply_async(("busy-waiting",), queue="busy")
     try:
@@ -410,8 +401,7 @@ def test_a_busy_worker_answers_ping_and_inspect_reserved(env: Env, request: pyte
         running.get(timeout=30)
 
 
-def test_revoke_of_a_task_received_while_the_pool_is_full(env: Env, request: pytest.FixtureRequest) -> None:
-    on_the_blocking_loop(env, request)
+def test_revoke_of_a_task_received_while_the_pool_is_full(env: Env) -> None:
     running = env.module.hold.apply_async(("full-running", 3), queue="busy")
     waiting = env.module.record.apply_async(("full-revoked",), queue="busy")
     probe = None
