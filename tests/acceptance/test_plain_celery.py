@@ -316,7 +316,9 @@ def test_rate_limit_spaces_the_tasks(env: Env) -> None:
         result.get(timeout=30)
     times = sorted(r["at"] for n in range(4) for r in env.results(f"limited-{n}"))
     assert len(times) == 4
-    assert times[-1] - times[0] >= 1.2, times  # three intervals of 0.5 s
+    # three intervals of 0.5 s; Celery's token bucket sometimes lets a second task through with the first (seen on
+    # Redis: 22 ms apart), so two full intervals are what is certain
+    assert times[-1] - times[0] >= 0.95, times
 
 
 def test_an_expired_task_never_runs(env: Env) -> None:
