@@ -266,7 +266,7 @@ def test_inspector_serves_the_apps_workflows_or_the_world(
 ) -> None:
     assert "inspector" in invoke("--help").stdout
     assert "--port" in invoke("inspector", "--help").stdout
-    inspector = pytest.importorskip("celery_workflow.inspector")
+    inspector = pytest.importorskip("celery_workflow.inspector.server")
     served: list[tuple[Any, str, int, bool]] = []
 
     def serve(target: Any, host: str, port: int, *, allow_actions: bool) -> None:
