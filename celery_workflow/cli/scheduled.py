@@ -17,7 +17,7 @@ import click
 
 from celery_workflow.cli.session import BadInput, Session, echo_json
 from celery_workflow.cli.text import shown
-from celery_workflow.transport.scheduled import delayed_requests, listed_queues
+from celery_workflow.transport.scheduled import NO_DELAYED, delayed_requests, delayed_store, listed_queues
 
 __all__ = ["scheduled"]
 
@@ -38,9 +38,9 @@ def _queues(session: Session, store: Any) -> list[str]:
 @pass_session
 def scheduled(session: Session, queues: Sequence[str], limit: int, as_json: bool) -> None:
     """Countdown/ETA tasks waiting in the World's queue until they are due."""
-    store = getattr(session.world, "store", None)
-    if not callable(getattr(store, "delayed", None)):
-        raise BadInput("this World's queue cannot list its delayed messages (the SQLite and Postgres Worlds can)")
+    store = delayed_store(session.world)
+    if store is None:
+        raise BadInput(NO_DELAYED)
     entries = delayed_requests(store, list(queues) or _queues(session, store), None, limit)
     if as_json:
         echo_json(entries)

@@ -39,7 +39,7 @@ from celery_workflow.events import RunStatus, RunView
 from celery_workflow.ids import utcnow
 from celery_workflow.inspector import guard, model
 from celery_workflow.runtime import continuation
-from celery_workflow.transport.scheduled import delayed_requests, listed_queues
+from celery_workflow.transport.scheduled import NO_DELAYED, delayed_requests, delayed_store, listed_queues
 from celery_workflow.world import StreamPage, World
 
 if TYPE_CHECKING:
@@ -451,9 +451,9 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
         """Countdown/ETA deliveries the World's queue holds until they are due (no worker holds them)."""
         ins.check(guard.VIEW)
         queue = text_arg("queue")
-        store = getattr(ins.world, "store", None)
-        if not callable(getattr(store, "delayed", None)):
-            unavailable = "This World's queue cannot list its delayed messages (the SQLite and Postgres Worlds can)."
+        store = delayed_store(ins.world)
+        if store is None:
+            unavailable = NO_DELAYED[0].upper() + NO_DELAYED[1:] + "."
             return ins.page("scheduled.html", entries=[], unavailable=unavailable, filters={"queue": queue})
         queues = [queue] if queue else listed_queues(store, worker_setup.known_queues(ins.wf))
         entries = delayed_requests(store, queues, None, SCHEDULED_PAGE)

@@ -32,7 +32,16 @@ from celery import signals
 
 from celery_workflow.errors import WorldError
 
-__all__ = ["LIMIT", "connect", "delayed_requests", "install", "listed_queues", "scheduled"]
+__all__ = [
+    "LIMIT",
+    "NO_DELAYED",
+    "connect",
+    "delayed_requests",
+    "delayed_store",
+    "install",
+    "listed_queues",
+    "scheduled",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +103,16 @@ def _request(message: _Delayed, hostname: str | None) -> dict[str, Any]:
             "worker_pid": None,
         },
     }
+
+
+#: What the CLI and the inspector say for a World whose queue cannot list its delayed messages.
+NO_DELAYED = "this World's queue cannot list its delayed messages (the SQLite and Postgres Worlds can)"
+
+
+def delayed_store(world: Any) -> Any | None:
+    """``world``'s queue store when it can list its delayed messages (``delayed``), else None."""
+    store = getattr(world, "store", None)
+    return store if callable(getattr(store, "delayed", None)) else None
 
 
 def delayed_requests(
