@@ -17,7 +17,7 @@ from kombu.transport import base as _kombu_base
 from kombu.transport import virtual as _virtual
 from kombu.transport.virtual import exchange as _exchange
 
-from celery_workflow import dead_letters
+from celery_workflow import dead_letters, task_names
 from celery_workflow.errors import WorldError
 from celery_workflow.transport.store import (
     BrokerStore,
@@ -40,11 +40,6 @@ _VirtualChannel: Any = _virtual.Channel
 _VirtualMessage: Any = _virtual.Message
 _TopicExchange: Any = _exchange.TopicExchange
 _to_rabbitmq_queue_arguments: Any = _kombu_base.to_rabbitmq_queue_arguments
-
-#: The task names of celery_workflow's own deliveries (``celery_workflow.app``): Celery rejects them when their
-#: handling failed (an outage: they must come back later) or when the worker does not know them (a rolling deploy:
-#: another worker may), so a rejection backs them off rather than dead-lettering them at once.
-WORKFLOW_TASKS = ("workflow.", "step.")
 
 
 class StoreMessage(_VirtualMessage):  # type: ignore[misc]
@@ -233,8 +228,9 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         """requeue: release the lease (due at once); otherwise move the message to the dead letters, as a queue
         with a dead-letter exchange does (a store without dead letters, and a workflow or step delivery, see
-        :data:`WORKFLOW_TASKS`, back it off instead: 1 s, 2 s … up to ``backoff_cap``, until the queue's delivery
-        limit). A delivery the task already put back itself (``retry_later``, with its error) is left as it is."""
+        :func:`~celery_workflow.task_names.is_delivery_task`, back it off instead: 1 s, 2 s … up to ``backoff_cap``,
+        until the queue's delivery limit). A delivery the task already put back itself (``retry_later``, with its
+        error) is left as it is."""
         held = self._claim(delivery_tag)
         try:
             if held is not None:
@@ -254,9 +250,10 @@ class StoreChannel(_VirtualChannel):  # type: ignore[misc]
             task, task_id = message.headers.get("task"), message.headers.get("id")
         except (KeyError, AttributeError):
             task = task_id = None
-        if str(task or "").startswith(WORKFLOW_TASKS):
-            # a workflow or step delivery whose handling failed (or that this worker does not know yet, as during
-            # a rolling deploy) is retried with backoff until its queue's delivery limit moves it
+        if task_names.is_delivery_task(task):
+            # a workflow or step delivery whose handling failed (an outage: it must come back later) or that this
+            # worker does not know yet (a rolling deploy: another worker may) is retried with backoff until its
+            # queue's delivery limit moves it, rather than dead-lettered at once
             self.store.retry_later(held.receipt, backoff(held.attempts, cap=self.connection.backoff_cap))
             return
         error = f"rejected by its consumer: task {task} [{task_id}]" if task else "rejected by its consumer"

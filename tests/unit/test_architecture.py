@@ -340,9 +340,7 @@ def test_the_task_name_prefixes_live_in_one_place() -> None:
     """``workflow.`` and ``step.`` task names are built and read by :mod:`celery_workflow.task_names` alone."""
     literal = re.compile(r"""["'](workflow|step)\.["'{]""")
     users = sorted(name for name, module in MODULES.items() if literal.search(module.path.read_text()))
-    # transport/channel.py is being rewritten for the event loop (issue #28, item 1); it switches to
-    # task_names.DELIVERY_PREFIXES after that merge
-    assert [u for u in users if u != "celery_workflow.transport.channel"] == ["celery_workflow.task_names"]
+    assert users == ["celery_workflow.task_names"]
 
 
 # -- duplicated code -----------------------------------------------------------------------------------------------
