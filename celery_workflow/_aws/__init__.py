@@ -8,6 +8,8 @@ and FIFO) deliveries, EventBridge Scheduler for long delays (seed ``aws-world.tx
 * :mod:`.dynamo`: calls with the World's error mapping (throttling and service errors are ``WorldUnavailable``);
 * :mod:`.append`: the append template's steps (one ``TransactWriteItems`` conditioned on the event count);
 * :mod:`.queue`: ``QUEUE#`` records, publishing to SQS and the Scheduler, claims, acks and the outbox;
+* :mod:`.broker_store`: the SQS transport's broker store over :mod:`.queue` (task queues on SQS, remote control and
+  events on a control store the transport hands it);
 * :mod:`.streams`, :mod:`.world` (with the retention expiry), :mod:`.expressions` and :mod:`.billing` (the cost
   counter's update expressions and AWS's sizing rules).
 """

@@ -1,4 +1,5 @@
-"""What the SQL queue stores share (SQLite and Postgres): receipts, bindings and the rows :meth:`peek` shows.
+"""What the queue stores share (SQLite and Postgres; the Redis and SQS stores too, in part): receipts, bindings, the
+rows :meth:`peek` shows, and how long a failed delivery waits.
 
 * A receipt (``"<row id>.<attempts>"``) names exactly one claim of a queue row: row ids are never reused and every
   claim increments ``attempts``, so an ack, release or extension with a stale receipt matches no row.
@@ -6,6 +7,8 @@
   the database here so every process routes alike).
 * :class:`QueuedMessage` is a stored message as a store's ``peek`` shows it: what tests, the CLI and operators look
   at instead of querying the tables.
+* :func:`backoff` is how long a failed delivery waits before it is due again (the transports' rejections, the SQS
+  store's messages on queues without a dead-letter queue, the app's failed handling).
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ from celery_workflow.errors import WorldError
 from celery_workflow.world import ClaimedDelivery
 
 __all__ = [
+    "BACKOFF_BASE",
+    "BACKOFF_CAP",
     "Binding",
     "QueuedMessage",
+    "backoff",
     "claimed",
     "dead_letters",
     "format_receipt",
@@ -31,6 +37,15 @@ __all__ = [
     "queue_tables",
     "queued_messages",
 ]
+
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 300.0
+
+
+def backoff(attempts: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
+    """Delay before a failed delivery is due again: ``base * 2**(attempts-1)`` seconds, capped at ``cap``."""
+    return min(cap, base * 2.0 ** min(max(attempts - 1, 0), 64))
+
 
 QUEUE = "celery_workflow_queue"
 BROKER_QUEUES = "celery_workflow_broker_queues"

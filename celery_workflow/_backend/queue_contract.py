@@ -17,7 +17,9 @@ keeps its deliveries in, the dead letters, the storage of a Kombu transport), ea
               │                + BrokerRouting: queues, exchanges, bindings, consumers · gc
               │                + BrokerChanges: change_token / wait_for_change
               │                                                           (what a Kombu transport needs; SQS's too)
-              └── ExpiringStore  + a per-message ttl on put / put_fanout  (SQLiteQueue, PostgresQueue)
+              ├── ExpiringStore  + a per-message ttl on put / put_fanout  (SQLiteQueue, PostgresQueue)
+              └── ControlStore   + due_times · queue_info · on_change · close
+                                                                          (RedisStore: the SQS store's control channel)
 
 :class:`DeadLetterStore` stands alone as well: the AWS World's dead letters (its queues' SQS dead-letter queues) are
 one without being a queue store. The names stay importable where they were defined before (``world.World`` inherits
@@ -28,7 +30,7 @@ transaction; a receipt names one claim, and operations with a stale receipt chan
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: the modules defining these records import this one
@@ -42,6 +44,7 @@ __all__ = [
     "BrokerMessages",
     "BrokerRouting",
     "BrokerStore",
+    "ControlStore",
     "DeadLetterStore",
     "ExpiringMessages",
     "ExpiringStore",
@@ -224,3 +227,18 @@ class ExpiringStore(BrokerStore, ExpiringMessages, Protocol):
 class QueueBrokerStore(QueueStore, BrokerStore, Protocol):
     """One store behind a World's queue and its Kombu transport at once (``SQLiteQueue``, ``PostgresQueue``;
     ``RedisStore`` too, whose World side only tests use: the SQS transport keeps its control channel in it)."""
+
+
+class ControlStore(BrokerStore, Protocol):
+    """A :class:`BrokerStore` another store keeps its control traffic in (Celery's remote control, replies and events,
+    with every exchange and binding): what the SQS transport's store asks of its control channel (``RedisStore``).
+
+    ``on_change`` is called, from the control store's own thread, after each change its change token counts (the
+    owning store sets it to wake its own waiters); :meth:`due_times` says when each queue's next message is due;
+    :meth:`queue_info` answers a queue's declaration; :meth:`close` stops its thread and its connections."""
+
+    on_change: Callable[[], None] | None
+
+    def due_times(self, queues: Sequence[str]) -> dict[str, float]: ...
+    def queue_info(self, name: str) -> dict[str, Any] | None: ...
+    def close(self) -> None: ...

@@ -1,4 +1,4 @@
-"""A :class:`~celery_workflow.transport.store.BrokerStore` in Redis: the control channel of the SQS transport.
+"""A :class:`~celery_workflow._backend.queue_contract.ControlStore` in Redis: the control channel of the SQS transport.
 
 SQS has no fanout, so Celery's events and remote control (``celery inspect``, Flower) cannot travel on it. With
 ``AWSConfig(control_url="redis://…")`` the SQS transport keeps that traffic (pidbox, event and reply queues, their
@@ -73,6 +73,9 @@ class RedisStore:
     """Messages and routing state in Redis under ``prefix`` (thread- and fork-safe; redis-py reconnects after a
     fork)."""
 
+    #: Called (from the subscriber thread) after each change, e.g. to wake a composite store's waiters.
+    on_change: Callable[[], None] | None
+
     def __init__(self, url: str, *, prefix: str = "celery_workflow:") -> None:
         self.url = url
         self.prefix = prefix
@@ -101,8 +104,7 @@ class RedisStore:
         }
         self._cond = threading.Condition()
         self._version = 0
-        #: Called (from the subscriber thread) after each change, e.g. to wake a composite store's waiters.
-        self.on_change: Callable[[], None] | None = None
+        self.on_change = None
         self._listener: threading.Thread | None = None
         self._listener_pid = 0
         self._stop = threading.Event()

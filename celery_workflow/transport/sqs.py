@@ -1,8 +1,9 @@
 """SQS transport for Celery: the AWS World's queues, consumed by unmodified Celery workers.
 
 A thin layer over :mod:`celery_workflow.transport.base` and
-:class:`~celery_workflow.transport.sqs_store.SQSBrokerStore`: task queues are the AWS World's SQS queues, Celery's
-events and remote control travel through Redis when ``AWSConfig(control_url="redis://…")`` is set.
+:class:`~celery_workflow._aws.broker_store.SQSBrokerStore` (the AWS backend's broker store): task queues are the AWS
+World's SQS queues, Celery's events and remote control travel through Redis
+(:class:`~celery_workflow._redis.store.RedisStore`) when ``AWSConfig(control_url="redis://…")`` is set.
 
 Features
 ========
@@ -55,8 +56,9 @@ from typing import Any
 
 from kombu.transport import TRANSPORT_ALIASES
 
+from celery_workflow._aws.broker_store import LONG_POLL, SQSBrokerStore
+from celery_workflow._backend.queue_contract import ControlStore
 from celery_workflow.transport.base import BrokerStore, StoreChannel, StoreTransport
-from celery_workflow.transport.sqs_store import LONG_POLL, SQSBrokerStore
 from celery_workflow.world_sqs import AWSWorld
 
 __all__ = ["Channel", "Transport"]
@@ -90,9 +92,9 @@ class Transport(StoreTransport):
             world = AWSWorld.from_url(self.client.hostname or "aws://")
         if not isinstance(world, AWSWorld):
             raise TypeError(f"the SQS transport's 'world' option must be an AWSWorld, got {type(world).__name__}")
-        control = None
+        control: ControlStore | None = None
         if world.config.control_url:
-            from celery_workflow.transport.redis_store import RedisStore
+            from celery_workflow._redis.store import RedisStore
 
             control = RedisStore(world.config.control_url, prefix=f"celery_workflow:{world.config.table_name}:")
         else:

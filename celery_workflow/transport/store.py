@@ -3,7 +3,8 @@
 :class:`BrokerStore` is the storage protocol (``SQLiteQueue``, ``PostgresQueue``, ``RedisStore``, the SQS store),
 defined with the rest of the queue contract in :mod:`celery_workflow._backend.queue_contract` and re-exported here
 (with :class:`ExpiringStore` and :class:`BindingRow`); the helpers encode a Kombu message for it, decide when a
-message is due, back failed deliveries off, and turn claims back into Kombu messages.
+message is due and turn claims back into Kombu messages. :func:`backoff` (how long a failed delivery waits) lives in
+:mod:`celery_workflow._backend.broker`, beside the stores that use it too, and is importable from here.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from typing import Any
 from kombu.utils import json as _json
 
 from celery_workflow import dead_letters
+from celery_workflow._backend.broker import BACKOFF_BASE, BACKOFF_CAP, backoff
 from celery_workflow._backend.queue_contract import BindingRow, BrokerStore, ExpiringStore
 from celery_workflow.dead_letters import DeadLetter
 from celery_workflow.world import Claim, ClaimedDelivery
 
 __all__ = [
+    "BACKOFF_BASE",
+    "BACKOFF_CAP",
     "BindingRow",
     "BrokerStore",
     "ExpiringStore",
@@ -42,15 +46,6 @@ _loads: Any = _json.loads
 def dumps(message: Mapping[str, Any]) -> bytes:
     """UTF-8 JSON of a Kombu message (Kombu's JSON: datetimes and UUIDs round-trip)."""
     return str(_dumps(message)).encode("utf-8")
-
-
-BACKOFF_BASE = 1.0
-BACKOFF_CAP = 300.0
-
-
-def backoff(attempts: int, *, base: float = BACKOFF_BASE, cap: float = BACKOFF_CAP) -> float:
-    """Delay before a failed delivery is due again: ``base * 2**(attempts-1)`` seconds, capped at ``cap``."""
-    return min(cap, base * 2.0 ** min(max(attempts - 1, 0), 64))
 
 
 def _epoch(value: Any) -> float | None:

@@ -172,7 +172,7 @@ def test_a_closed_store_starts_no_receiver(world: AWSWorld, aws: Aws, monkeypatc
     closed, or once Celery's stop flag is up, nothing receives."""
     from celery.worker import state
 
-    from celery_workflow.transport.sqs_store import SQSBrokerStore
+    from celery_workflow._aws.broker_store import SQSBrokerStore
 
     cancelled = SQSBrokerStore(world, wait=2)
     cancelled.set_demand(1)

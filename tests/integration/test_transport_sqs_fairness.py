@@ -145,7 +145,7 @@ def test_messages_left_in_the_buffer_are_due_at_once_and_kept_hidden(
     """Queues polled side by side can bring more than one poll of the consumer takes: what stays in the buffer is
     due at once (it came in before the poll's change token, so no later change would wake the consumer for it), and
     its lease is extended with the messages the consumer holds."""
-    from celery_workflow.transport.sqs_store import SQSBrokerStore
+    from celery_workflow._aws.broker_store import SQSBrokerStore
 
     conn = connect(world)
     for queue in ("celery", "backfill"):

@@ -7,8 +7,12 @@ fail on:
   function is a loop in disguise when it closes one), where importing ``pkg.sub`` from outside ``pkg`` runs
   ``pkg/__init__.py`` too; imports under ``TYPE_CHECKING`` never run, so they are left out of the loop check (but not
   of the boundary checks below);
-* a backend importing another backend (a backend is its public facade, its private package and its transport);
-* ``world.py`` importing any backend, or a World (any module on the World side) importing a transport;
+* a backend importing another backend (a backend is its public facade and its private package, the broker store its
+  transport runs on included: ``_aws.broker_store``, ``_redis.store``, ``_sqlite.queue``, ``_postgres.queue``);
+* a transport importing a backend module its backend does not offer it (:data:`TRANSPORT_IMPORTS`), and any other
+  transport module (the Kombu layer shared by all of them) importing a backend at all;
+* ``world.py`` importing any backend, or a World (any module on the World side, every backend's included) importing a
+  transport;
 * Celery's API used outside ``app.py`` (and Kombu's outside ``app.py`` and the transports);
 * a module reaching into another celery_workflow module's private names;
 * the transport's claim keys written or read anywhere but :class:`celery_workflow.world.Claim`;
@@ -29,18 +33,35 @@ import celery_workflow
 ROOT = Path(celery_workflow.__file__).parent
 PACKAGE = "celery_workflow"
 
-#: Each backend's modules, by prefix: its public facade, its private package, its transport.
+#: Each backend's modules, by prefix: its public facade and its private package (the broker store its transport runs
+#: on lives there too). ``_redis`` is a backend of its own: the SQS store takes its control channel as the contract's
+#: ``ControlStore``, so ``_aws`` never names it; the SQS transport puts the two together.
 BACKENDS: dict[str, tuple[str, ...]] = {
-    "sqlite": ("celery_workflow.world_sqlite", "celery_workflow._sqlite", "celery_workflow.transport.sqlite"),
-    "postgres": ("celery_workflow.world_pg", "celery_workflow._postgres", "celery_workflow.transport.postgres"),
-    "aws": (
-        "celery_workflow.world_sqs",
-        "celery_workflow._aws",
-        "celery_workflow.transport.sqs",
-        "celery_workflow.transport.sqs_store",
-        "celery_workflow.aws_costs",
-    ),
+    "sqlite": ("celery_workflow.world_sqlite", "celery_workflow._sqlite"),
+    "postgres": ("celery_workflow.world_pg", "celery_workflow._postgres"),
+    "aws": ("celery_workflow.world_sqs", "celery_workflow._aws", "celery_workflow.aws_costs"),
+    "redis": ("celery_workflow._redis",),
     "memory": ("celery_workflow.testing.memory",),
+}
+#: The backend modules each transport may import: what its backend offers a transport (its broker store, what opening
+#: one takes, its World's facade or class to build one from a URL). Every other module of ``transport/`` (the Kombu
+#: layer the transports share) imports no backend module; backends never import a transport (:data:`WORLD_SIDE`).
+TRANSPORT_IMPORTS: dict[str, frozenset[str]] = {
+    "celery_workflow.transport.sqlite": frozenset(
+        {"celery_workflow._sqlite.database", "celery_workflow._sqlite.queue", "celery_workflow._sqlite.world"}
+    ),
+    "celery_workflow.transport.postgres": frozenset(
+        {
+            "celery_workflow._postgres.database",
+            "celery_workflow._postgres.listener",
+            "celery_workflow._postgres.queue",
+            "celery_workflow._postgres.standing",
+            "celery_workflow._postgres.world",
+        }
+    ),
+    "celery_workflow.transport.sqs": frozenset(
+        {"celery_workflow._aws.broker_store", "celery_workflow._redis.store", "celery_workflow.world_sqs"}
+    ),
 }
 #: Modules on the World side of the line: they store state and must not know how Celery consumes it.
 WORLD_SIDE = (
@@ -253,6 +274,21 @@ def test_no_backend_imports_another_backend() -> None:
         if (mine := _group(name)) is not None
         for target, line, _ in _internal(module)
         if (theirs := _group(target)) is not None and theirs != mine
+    ]
+    assert wrong == []
+
+
+def test_transports_import_backends_only_through_what_the_backend_offers_them() -> None:
+    offered = {target for targets in TRANSPORT_IMPORTS.values() for target in targets}
+    assert offered <= set(MODULES), "TRANSPORT_IMPORTS names a module that is not there"
+    assert all(_group(target) is not None for target in offered), "TRANSPORT_IMPORTS names a module of no backend"
+    transports = [name for name in MODULES if _inside(name, ("celery_workflow.transport",))]
+    assert set(TRANSPORT_IMPORTS) <= set(transports)
+    wrong = [
+        f"{name}:{line} imports {target}"
+        for name in transports
+        for target, line, _ in _internal(MODULES[name])
+        if _group(target) is not None and target not in TRANSPORT_IMPORTS.get(name, frozenset())
     ]
     assert wrong == []
 

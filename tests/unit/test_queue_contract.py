@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from celery_workflow import dead_letters, world
+from celery_workflow._aws.broker_store import SQSBrokerStore
+from celery_workflow._aws.world import AWSWorld
 from celery_workflow._backend import base, queue_contract
 from celery_workflow._backend.queue_contract import (
     BrokerStore,
+    ControlStore,
     DeadLetterStore,
     ExpiringStore,
     QueueBrokerStore,
@@ -21,9 +24,9 @@ from celery_workflow._backend.queue_contract import (
 from celery_workflow._postgres.queue import PostgresQueue
 from celery_workflow._redis.store import RedisStore
 from celery_workflow._sqlite.queue import SQLiteQueue
+from celery_workflow.errors import WorldError
 from celery_workflow.testing.memory import MemoryWorld
 from celery_workflow.transport import store
-from celery_workflow.transport.sqs_store import SQSBrokerStore
 
 
 def members(protocol: type) -> set[str]:
@@ -42,6 +45,8 @@ def test_each_layer_adds_to_the_one_below() -> None:
     assert members(DeadLetterStore) < members(QueueStore)
     assert members(Receipts) < members(BrokerStore) < members(QueueBrokerStore)
     assert members(BrokerStore) < members(ExpiringStore)
+    assert members(BrokerStore) < members(ControlStore)
+    assert members(ControlStore) - members(BrokerStore) == {"on_change", "due_times", "queue_info", "close"}
 
 
 def test_the_world_protocol_is_a_world_queue() -> None:
@@ -70,6 +75,10 @@ def _conforms(klass: type, protocol: type) -> list[str]:
             if getattr(klass, name, None) is not True:
                 wrong.append(f"{name} is not True")
             continue
+        if not hasattr(protocol, name):  # an attribute the protocol only annotates: the class declares it too
+            if not any(name in vars(k).get("__annotations__", {}) for k in klass.__mro__):
+                wrong.append(f"no {name} attribute")
+            continue
         mine = getattr(klass, name, None)
         if mine is None:
             wrong.append(f"no {name}")
@@ -89,7 +98,7 @@ def _conforms(klass: type, protocol: type) -> list[str]:
 STORES: list[tuple[type, tuple[type, ...]]] = [
     (SQLiteQueue, (QueueBrokerStore, ExpiringStore)),
     (PostgresQueue, (QueueBrokerStore, ExpiringStore)),
-    (RedisStore, (QueueBrokerStore,)),
+    (RedisStore, (QueueBrokerStore, ControlStore)),
     (SQSBrokerStore, (BrokerStore,)),
     (MemoryWorld, (WorldQueue,)),
 ]
@@ -98,6 +107,15 @@ STORES: list[tuple[type, tuple[type, ...]]] = [
 @pytest.mark.parametrize(("klass", "layers"), STORES, ids=[k.__name__ for k, _ in STORES])
 def test_every_store_implements_its_layers(klass: type, layers: tuple[Any, ...]) -> None:
     assert [f"{layer.__name__}: {w}" for layer in layers for w in _conforms(klass, layer)] == []
+
+
+def test_the_sqs_store_refuses_a_control_receipt_without_a_control_channel() -> None:
+    """The SQS store's control channel is typed by the contract (``ControlStore | None``): a control message's receipt
+    on a store without one is a WorldError, not an AttributeError on None."""
+    sqs = SQSBrokerStore(cast(AWSWorld, object()), wait=1)  # no AWS call: only the control channel is asked
+    for settle in (sqs.ack, sqs.release, lambda r: sqs.retry_later(r, 1.0), lambda r: sqs.extend([r], 10.0)):
+        with pytest.raises(WorldError, match="no control channel"):
+            settle("ctl|1.1")
 
 
 def test_the_sql_queues_are_composed_not_chained() -> None:

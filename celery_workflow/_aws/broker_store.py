@@ -1,7 +1,9 @@
 """The store behind the SQS transport: task queues on SQS (through the AWS World), the control channel in Redis.
 
-:class:`SQSBrokerStore` is a :class:`~celery_workflow.transport.store.BrokerStore`, so the SQS transport is the same
-Kombu code as our other transports (:mod:`celery_workflow.transport.base`). It routes by queue:
+:class:`SQSBrokerStore` is a :class:`~celery_workflow._backend.queue_contract.BrokerStore`, so the SQS transport
+(:mod:`celery_workflow.transport.sqs`) is the same Kombu code as our other transports
+(:mod:`celery_workflow.transport.base`). It lives in the AWS backend, beside the :mod:`.queue` it builds on, and
+imports no transport. It routes by queue:
 
 * **task queues** are the AWS World's queues (Celery's default queue is ``queue_url``, a routed queue name its
   ``queues[name].url``). A name the World does not know is refused: queues come from Terraform, never created on
@@ -11,9 +13,10 @@ Kombu code as our other transports (:mod:`celery_workflow.transport.base`). It r
   gone records acknowledged) or plain ones; their receipts say which (``sqs|…`` records, whose ack is the World's;
   ``raw|<queue>|<handle>`` plain messages).
 * **control queues** (``*.pidbox`` remote control and replies, ``celeryev.*`` events) and every exchange and binding
-  live in Redis (:class:`~celery_workflow.transport.redis_store.RedisStore`, ``AWSConfig(control_url=…)``). Without
-  it, direct routing to the task queues is kept in process memory and a control queue is refused with an error that
-  says how to turn remote control on or off.
+  live in a :class:`~celery_workflow._backend.queue_contract.ControlStore` (the transport gives it a
+  :class:`~celery_workflow._redis.store.RedisStore` when ``AWSConfig(control_url=…)`` is set). Without it, direct
+  routing to the task queues is kept in process memory and a control queue is refused with an error that says how to
+  turn remote control on or off.
 
 Receiving long-polls: one thread per consumed task queue waits up to ``wait`` seconds (:data:`LONG_POLL` unless the
 transport's ``wait_time_seconds`` option says otherwise) in ``ReceiveMessage``, only while the consumer has prefetch
@@ -42,14 +45,14 @@ from typing import Any
 from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY
 from celery_workflow._aws.queue import EARLY_TOLERANCE, body_of
-from celery_workflow._backend.broker import Binding, QueuedMessage
+from celery_workflow._aws.world import AWSWorld
+from celery_workflow._backend.broker import Binding, QueuedMessage, backoff
+from celery_workflow._backend.queue_contract import BindingRow, ControlStore
 from celery_workflow.dead_letters import DeadLetter
-from celery_workflow.errors import ConfigurationError
-from celery_workflow.transport.store import backoff
+from celery_workflow.errors import ConfigurationError, WorldError
 from celery_workflow.world import ClaimedDelivery, Delivery
-from celery_workflow.world_sqs import AWSWorld
 
-__all__ = ["SQSBrokerStore", "is_control_queue"]
+__all__ = ["LONG_POLL", "SQSBrokerStore", "is_control_queue"]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +111,9 @@ class _Receiver(threading.Thread):
 class SQSBrokerStore:
     """Task queues on SQS through ``world``, control traffic on ``control`` (Redis) when there is one."""
 
-    def __init__(self, world: AWSWorld, control: Any = None, *, lease: float = 60.0, wait: float = LONG_POLL) -> None:
+    def __init__(
+        self, world: AWSWorld, control: ControlStore | None = None, *, lease: float = 60.0, wait: float = LONG_POLL
+    ) -> None:
         if not 1 <= wait <= 20:
             raise ConfigurationError(f"an SQS long poll waits 1 to 20 seconds (wait_time_seconds), not {wait!r}")
         self.world = world
@@ -139,7 +144,7 @@ class SQSBrokerStore:
     def is_task_queue(self, name: str) -> bool:
         return name in self.world.queue_names
 
-    def _control_for(self, name: str) -> Any:
+    def _control_for(self, name: str) -> ControlStore:
         """The control store, for a queue that is not a task queue; a clear error for one that can be neither."""
         if is_control_queue(name):
             if self.control is None:
@@ -154,6 +159,12 @@ class SQSBrokerStore:
             f"queue {name!r} is not one of the AWS World's SQS queues {known}: queues come from its config (the"
             " Terraform module's queues), never created on the fly"
         )
+
+    def _held_control(self) -> ControlStore:
+        """The control store, for a control message's receipt (``ctl|…``: only the control store hands those out)."""
+        if self.control is None:
+            raise WorldError("a control message's receipt, but this SQS store has no control channel (control_url)")
+        return self.control
 
     # -- wake-ups ----------------------------------------------------------------------------------------------------
 
@@ -330,7 +341,7 @@ class SQSBrokerStore:
 
     def ack(self, receipt: str) -> None:
         if receipt.startswith("ctl|"):
-            self.control.ack(receipt[4:])
+            self._held_control().ack(receipt[4:])
         elif receipt.startswith("raw|"):
             self._let_go(receipt)
             self.world.queue.delete_message(*self._raw(receipt))
@@ -342,7 +353,7 @@ class SQSBrokerStore:
         A queue without one keeps the message, backed off as SQS would (None: nothing moved); a control message
         (remote control, events) is dropped, as AMQP drops a rejected message without a dead-letter exchange."""
         if receipt.startswith("ctl|"):
-            self.control.ack(receipt[4:])
+            self._held_control().ack(receipt[4:])
             return None
         letters = self.world.dead_letters
         if receipt.startswith("raw|"):
@@ -368,9 +379,9 @@ class SQSBrokerStore:
         self._let_go(receipt)
         if receipt.startswith("ctl|"):
             if delay > 0:
-                self.control.retry_later(receipt[4:], delay)
+                self._held_control().retry_later(receipt[4:], delay)
             else:
-                self.control.release(receipt[4:])
+                self._held_control().release(receipt[4:])
         elif receipt.startswith("raw|"):
             queue, handle = self._raw(receipt)
             self.world.queue.change_visibility(queue, handle, delay)
@@ -386,7 +397,7 @@ class SQSBrokerStore:
         receipts = list(dict.fromkeys([*receipts, *buffered]))
         control = [r[4:] for r in receipts if r.startswith("ctl|")]
         if control:
-            self.control.extend(control, lease)
+            self._held_control().extend(control, lease)
         for receipt in receipts:
             if receipt.startswith("raw|"):
                 self.world.queue.change_visibility(*self._raw(receipt), lease)
@@ -539,7 +550,7 @@ class SQSBrokerStore:
         else:
             self._bindings.pop((exchange, routing_key or "", queue), None)
 
-    def bindings(self, exchange: str | None = None) -> list[Binding]:
+    def bindings(self, exchange: str | None = None) -> list[BindingRow]:
         if self.control is not None:
             return list(self.control.bindings(exchange))
         return [b for b in self._bindings.values() if exchange is None or b.exchange == exchange]
