@@ -61,12 +61,17 @@ def worker_stopping() -> bool:
 
 
 class Waker:
-    """A non-blocking self-pipe: any thread writes a byte (:meth:`wake`), the hub reads them (:meth:`drain`)."""
+    """A non-blocking self-pipe: any thread writes a byte (:meth:`wake`), the hub reads them (:meth:`drain`).
+
+    Writes and the close share a lock: a descriptor number is reused by the next ``open`` or ``socket`` of the
+    process, so a thread that wakes a closed waker would otherwise write its byte into whatever took the number (a
+    pool child's job pipe, a database socket)."""
 
     def __init__(self) -> None:
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
+        self._lock = threading.Lock()
         self.closed = False
 
     def fileno(self) -> int:
@@ -74,12 +79,18 @@ class Waker:
 
     def wake(self) -> None:
         """Wake the hub (any thread). A full pipe already holds a wake-up; a closed one has nobody to wake."""
-        try:
-            os.write(self._w, b"\0")
-        except OSError:
-            pass
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                os.write(self._w, b"\0")
+            except OSError:
+                pass
 
     def drain(self) -> None:
+        """Empty the pipe (the hub's thread, which also closes it: no lock needed against the close)."""
+        if self.closed:
+            return
         try:
             while os.read(self._r, 4096):
                 pass
@@ -87,7 +98,9 @@ class Waker:
             pass
 
     def close(self) -> None:
-        if not self.closed:
+        with self._lock:
+            if self.closed:
+                return
             self.closed = True
             os.close(self._r)
             os.close(self._w)
