@@ -454,17 +454,29 @@ def pool_children(pid: int) -> list[int]:
 
 
 def test_a_pool_whose_children_die_idle_goes_on(env: Env) -> None:
-    """An idle prefork child waits for its next job holding the lock of the pool's job pipe; SIGKILL every child of
-    ``w1`` (so the holder dies with it) and the worker must still run the next task (billiard's own pool never did:
-    the replacement children waited for that lock for ever)."""
-    main = env.procs[W1].pid
-    children = wait_for(lambda: pool_children(main) if len(pool_children(main)) == 2 else None, 15, env.tail)
-    for pid in children:
-        os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: set(pool_children(main)).isdisjoint(children) and len(pool_children(main)) == 2, 15, env.tail)
-    env.send("record", "after-kill")
-    (record,) = wait_for(lambda: env.results("after-kill"), 20, env.tail)
-    assert record["hostname"] == W1 and record["pid"] not in children
+    """An idle prefork child waits for its next job holding the lock of the pool's job pipe; SIGKILL every child of a
+    worker (so the holder dies with it) and the worker must still run the next task (billiard's own pool never did:
+    the replacement children waited for that lock for ever).
+
+    A worker of its own, stopped afterwards: when two children die at once, Celery's event loop can hand the second
+    death's event to the replacement child that reused the first one's descriptor number, which then stays in the
+    pool unwatched, and the worker's next reconnection stops it ("Unrecoverable error: ValueError('file descriptor is
+    None')"; Celery's bug, on every broker: docs/design-notes.md). ``w1`` must reconnect in the tests below."""
+    name = "w5@cwtest"
+    env.start_worker(name, "--pool=prefork", "-c", "2", "-Q", "children")
+    try:
+        env.wait_ready(name)
+        main = env.procs[name].pid
+        tail = lambda: env.tail(name)  # noqa: E731
+        children = wait_for(lambda: pool_children(main) if len(pool_children(main)) == 2 else None, 15, tail)
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: set(pool_children(main)).isdisjoint(children) and len(pool_children(main)) == 2, 15, tail)
+        env.send("record", "after-kill", queue="children")
+        (record,) = wait_for(lambda: env.results("after-kill"), 20, tail)
+        assert record["hostname"] == name and record["pid"] not in children
+    finally:
+        env.stop(name, warm=False)
 
 
 def test_sigterm_to_the_process_group_stops_a_worker_promptly(env: Env) -> None:
@@ -517,8 +529,10 @@ def test_a_backfill_worker_serves_only_backfill(env: Env) -> None:
     assert {r["attempts"] for r in default} == {1}  # the backfill worker never claimed one first
     assert {r["queue"] for r in env.results() if r["hostname"] == W2} == {"backfill"}
     # one consumer a queue: the backfill worker consumes backfill and its own pidbox, the default queue is w1's alone
-    pidboxes = {f"{w}.celery.pidbox": 1 for w in WORKERS}
-    assert env.broker.consumers() == {"celery": 1, "backfill": 1, "threads": 1, **pidboxes}
+    # (of the module's workers: one a test started and killed is still counted until its consumers time out)
+    expected = {"celery": 1, "backfill": 1, "threads": 1, **{f"{w}.celery.pidbox": 1 for w in WORKERS}}
+    consumers = env.broker.consumers()
+    assert {q: consumers.get(q) for q in expected} == expected, consumers
 
 
 def _api(port: int, path: str) -> Any:
