@@ -392,9 +392,14 @@ class World(WorldQueue, Protocol):
         status: RunStatus | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        run_id_prefix: str | None = None,
+        created_from: datetime | None = None,
+        created_until: datetime | None = None,
     ) -> Page[RunView]:
         """Runs, newest first: by creation time, descending (ties by run id, descending). ``cursor``: the page's
-        cursor of the previous page (InvalidCursor for anything else)."""
+        cursor of the previous page (InvalidCursor for anything else). ``run_id_prefix``: runs whose id starts with
+        it; ``created_from`` (inclusive) and ``created_until`` (exclusive): aware datetimes bounding the creation time
+        (ValueError for an empty prefix or a naive time)."""
         ...
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:

@@ -230,10 +230,21 @@ class AWSWorld(TemplateWorld, StoreStreams):
         status: RunStatus | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        run_id_prefix: str | None = None,
+        created_from: datetime | None = None,
+        created_until: datetime | None = None,
     ) -> Page[RunView]:
         """Runs newest first (by creation time) through an index, then their views by consistent reads. The cursor
         is the index position of the last run returned."""
-        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)  # the cursor checked
+        wanted = RunFilter.of(
+            workflow=workflow,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+            run_id_prefix=run_id_prefix,
+            created_from=created_from,
+            created_until=created_until,
+        )  # the cursor checked
         index, key, value = (
             ("list", "list_pk", "RUNS") if workflow is None else ("list_group", "list_group_pk", f"RUNS#{workflow}")
         )
@@ -241,10 +252,21 @@ class AWSWorld(TemplateWorld, StoreStreams):
         names = {"#k": key}
         values: dict[str, Any] = {":k": {"S": value}}
         condition = "#k = :k"
-        if cursor is not None:
+        # the sort key is a position (``<µs, 16 digits>#<run id>``): a time bound is a digits-only key between
+        # positions; one key condition takes both ends (BETWEEN, inclusive), and the upper end, which only a
+        # cursor can equal, is dropped below
+        upper = cursor
+        if wanted.created_until is not None:
+            until = f"{wanted.created_until:016d}"
+            upper = until if upper is None else min(upper, until)
+        if upper is not None or wanted.created_from is not None:
             names["#sk"] = sort_key
-            condition += " AND #sk < :c"
-            values[":c"] = {"S": cursor}
+            values[":hi"] = {"S": "9" * 17 if upper is None else upper}
+            if wanted.created_from is None:
+                condition += " AND #sk < :hi"
+            else:
+                condition += " AND #sk BETWEEN :lo AND :hi"
+                values[":lo"] = {"S": f"{wanted.created_from:016d}"}
         query: dict[str, Any] = {
             "IndexName": index,
             "KeyConditionExpression": condition,
@@ -252,12 +274,20 @@ class AWSWorld(TemplateWorld, StoreStreams):
             "ExpressionAttributeValues": values,
             "ScanIndexForward": False,
         }
+        filters = []
         if wanted.status is not None:
             names["#s"] = "status"
             values[":s"] = {"S": wanted.status.value}
-            query["FilterExpression"] = "#s = :s"
+            filters.append("#s = :s")
+        if wanted.run_id_prefix is not None:
+            values[":p"] = {"S": run_pk(wanted.run_id_prefix)}
+            filters.append("begins_with(pk, :p)")
+        if filters:
+            query["FilterExpression"] = " AND ".join(filters)
         positions: list[tuple[str, str]] = []  # (run id, index sort key)
         for item in self.table.query("Query (list_runs)", **query):
+            if item[sort_key]["S"] == upper:
+                continue  # BETWEEN's inclusive upper end: the cursor's own run
             positions.append((item["pk"]["S"][len("RUN#") :], item[sort_key]["S"]))
             if len(positions) > limit:
                 break

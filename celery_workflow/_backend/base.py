@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Protocol
 
 from celery_workflow import dead_letters
 from celery_workflow._backend import template
 from celery_workflow._backend.checks import check_deliveries
+from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.queue_contract import QueueStore
 from celery_workflow._backend.template import AppendRequest, AppendSteps
 from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES
-from celery_workflow.events import NewEvent
-from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, StreamPage
+from celery_workflow.events import NewEvent, RunStatus, RunView
+from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, Page, StreamPage
 
 __all__ = ["QueueStore", "StoreQueue", "StoreStreams", "StreamStore", "TemplateWorld"]
 
@@ -50,6 +52,33 @@ class TemplateWorld:
             run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
         )
         return template.append(self._steps, request)
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        run_id_prefix: str | None = None,
+        created_from: datetime | None = None,
+        created_until: datetime | None = None,
+    ) -> Page[RunView]:
+        """See :meth:`celery_workflow.world.World.list_runs`: the arguments checked once, the query the subclass's
+        (:meth:`runs_listed`)."""
+        wanted = RunFilter.of(
+            workflow=workflow,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+            run_id_prefix=run_id_prefix,
+            created_from=created_from,
+            created_until=created_until,
+        )
+        return self.runs_listed(wanted)
+
+    def runs_listed(self, wanted: RunFilter) -> Page[RunView]:
+        raise NotImplementedError
 
 
 class StoreQueue:

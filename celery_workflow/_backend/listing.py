@@ -59,19 +59,30 @@ class RunFilter:
     status: RunStatus | None
     limit: int
     cursor: tuple[int, str] | None  # (created_at in µs, run id) of the last run of the previous page
+    run_id_prefix: str | None = None
+    created_from: int | None = None  # µs, inclusive
+    created_until: int | None = None  # µs, exclusive
 
     @classmethod
     def of(
         cls, *, workflow: str | None = None, status: RunStatus | str | None = None, limit: int = 100,
-        cursor: str | None = None,
+        cursor: str | None = None, run_id_prefix: str | None = None, created_from: datetime | None = None,
+        created_until: datetime | None = None,
     ) -> RunFilter:  # fmt: skip
+        """``ValueError`` for a limit below 1, an unknown status, an empty or unencodable run id prefix, or a naive
+        time; ``InvalidCursor`` for a cursor no listing returned."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
+        if run_id_prefix is not None and (run_id_prefix == "" or _unencodable(run_id_prefix)):
+            raise ValueError("run_id_prefix must be a non-empty string")
         return cls(
             workflow,
             None if status is None else RunStatus(status),
             limit,
             None if cursor is None else position_of(cursor),
+            run_id_prefix,
+            None if created_from is None else ids.to_micros(ids.to_utc(created_from)),
+            None if created_until is None else ids.to_micros(ids.to_utc(created_until)),
         )
 
     def where(self, mark: str, time: Callable[[datetime], Any]) -> tuple[str, list[Any]]:
@@ -86,6 +97,15 @@ class RunFilter:
             if value is not None:
                 conditions.append(f"{sql} = {mark}")
                 params.append(value)
+        if self.run_id_prefix is not None:
+            conditions.append(f"substr(run_id, 1, {len(self.run_id_prefix)}) = {mark}")
+            params.append(self.run_id_prefix)
+        if self.created_from is not None:
+            conditions.append(f"created_at >= {mark}")
+            params.append(time(ids.from_micros(self.created_from)))
+        if self.created_until is not None:
+            conditions.append(f"created_at < {mark}")
+            params.append(time(ids.from_micros(self.created_until)))
         if self.cursor is not None:
             micros, run_id = self.cursor
             conditions.append(f"(created_at, run_id) < ({mark}, {mark})")
@@ -101,10 +121,14 @@ class RunFilter:
         )
 
     def matches(self, run: RunView) -> bool:
+        created = ids.to_micros(run.created_at)
         return (
             (self.workflow is None or run.workflow_name == self.workflow)
             and (self.status is None or run.status is self.status)
-            and (self.cursor is None or (ids.to_micros(run.created_at), run.run_id) < self.cursor)
+            and (self.run_id_prefix is None or run.run_id.startswith(self.run_id_prefix))
+            and (self.created_from is None or created >= self.created_from)
+            and (self.created_until is None or created < self.created_until)
+            and (self.cursor is None or (created, run.run_id) < self.cursor)
         )
 
     @staticmethod

@@ -79,7 +79,7 @@ from celery_workflow._postgres.rows import (
 from celery_workflow._postgres.script import Script, query
 from celery_workflow._postgres.streams import PgStreams
 from celery_workflow.errors import HookNotFound, RunNotFound, StepNotFound, WorldError
-from celery_workflow.events import Event, HookView, RunStatus, RunView, StepView, WaitView
+from celery_workflow.events import Event, HookView, RunView, StepView, WaitView
 from celery_workflow.world import (
     DEFAULT_MAX_PAYLOAD,
     BrokerSpec,
@@ -249,15 +249,7 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         self.snapshots.put(snapshot)
         return snapshot.run, log
 
-    def list_runs(
-        self,
-        *,
-        workflow: str | None = None,
-        status: RunStatus | str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> Page[RunView]:
-        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
+    def runs_listed(self, wanted: RunFilter) -> Page[RunView]:
         rows = self._rows("list_runs", *wanted.sql(RUN, "celery_workflow_runs", "%s", CODEC.store_time))
         return wanted.page([CODEC.run(r) for r in rows])
 

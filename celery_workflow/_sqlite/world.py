@@ -201,15 +201,7 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
             ).fetchall()
         return view, [CODEC.event(row) for row in rows]
 
-    def list_runs(
-        self,
-        *,
-        workflow: str | None = None,
-        status: RunStatus | str | None = None,
-        limit: int = 100,
-        cursor: str | None = None,
-    ) -> Page[RunView]:
-        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
+    def runs_listed(self, wanted: RunFilter) -> Page[RunView]:
         rows = self._read(*wanted.sql(RUN, "celery_workflow_runs", "?", CODEC.store_time))
         return wanted.page([CODEC.run(row) for row in rows])
 

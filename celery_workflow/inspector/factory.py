@@ -12,6 +12,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from celery_workflow.errors import CeleryWorkflowError
 from celery_workflow.inspector import guard
 from celery_workflow.inspector.actions import add_actions
+from celery_workflow.inspector.queues import add_queue_views
 from celery_workflow.inspector.views import TAIL_LIFETIME, Inspector, Problem, Settings, add_views, problem_of
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def make_blueprint(
     ins = Inspector(wf, guard.Guard(authorize, allow_actions), Settings(tail_lifetime=tail_lifetime))
     bp = Blueprint(name, __name__, template_folder="templates", static_folder="static", static_url_path="/assets")
     add_views(bp, ins)
+    add_queue_views(bp, ins)
     add_actions(bp, ins)
 
     @bp.errorhandler(Problem)

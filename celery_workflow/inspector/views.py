@@ -19,7 +19,7 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from flask import Blueprint, Response, render_template, request, url_for
@@ -36,6 +36,7 @@ from celery_workflow.errors import (
     WorldError,
 )
 from celery_workflow.events import RunStatus, RunView
+from celery_workflow.history import History
 from celery_workflow.ids import utcnow
 from celery_workflow.inspector import guard, model
 from celery_workflow.runtime import continuation
@@ -61,6 +62,9 @@ NAMES_PAGE = 200
 #: Live hooks and pending sleeps the run page lists (a count says how many more there are).
 LIVE_SHOWN = 200
 LETTERS_PAGE = 100
+#: The runs list reloads itself every ``refresh`` seconds when asked (0: never); the choices the page offers.
+MIN_REFRESH, MAX_REFRESH = 2, 3600
+REFRESH_CHOICES = (5, 15, 60)
 #: Delayed messages one page of ``/scheduled`` lists (soonest due first).
 SCHEDULED_PAGE = 500
 MAX_INT64 = 2**63 - 1
@@ -204,6 +208,18 @@ def status_arg() -> RunStatus | None:
         raise Problem(400, f"unknown status {value[:50]!r}; one of: {known}") from None
 
 
+def time_arg(name: str) -> datetime | None:
+    """An ISO 8601 time (a browser's ``datetime-local`` value included); one without an offset is UTC."""
+    value = text_arg(name, 40)
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise Problem(400, f"{name}: an ISO 8601 time such as 2026-12-05T14:30 (UTC), not {value[:50]!r}") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
 def links(endpoint: str, **params: Any) -> str:
     return url_for(endpoint, **{k: v for k, v in params.items() if v is not None and v != ""})
 
@@ -283,24 +299,57 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
     @bp.get("/")
     def runs() -> Response:
         ins.check(guard.VIEW)
-        workflow, status = text_arg("workflow"), status_arg()
+        workflow, status, prefix = text_arg("workflow"), status_arg(), text_arg("run")
+        created_from, created_until = time_arg("from"), time_arg("until")
         limit = int_arg("limit", RUNS_PAGE, 1, MAX_RUNS_PAGE)
+        refresh = int_arg("refresh", 0, 0, MAX_REFRESH)
         cursor = text_arg("cursor", 400)
         try:
-            page = ins.world.list_runs(workflow=workflow, status=status, limit=limit, cursor=cursor)
+            page = ins.world.list_runs(
+                workflow=workflow,
+                status=status,
+                limit=limit,
+                cursor=cursor,
+                run_id_prefix=prefix,
+                created_from=created_from,
+                created_until=created_until,
+            )
         except ValueError as exc:
             raise Problem(400, f"cannot list runs: {exc}") from None
-        filters = {"workflow": workflow, "status": status.value if status else None}
+        filters = {
+            "workflow": workflow,
+            "status": status.value if status else None,
+            "run": prefix,
+            "from": request.args.get("from") or None,
+            "until": request.args.get("until") or None,
+        }
+        kept = {**filters, "refresh": refresh or None}
         return ins.page(
             "runs.html",
             runs=page.items,
             counts=model.status_counts(ins.world, workflow=workflow),
             filters=filters,
+            searched=any(v is not None for k, v in filters.items() if k not in {"workflow", "status"}),
+            refresh=refresh if refresh >= MIN_REFRESH else 0,
+            refresh_choices=REFRESH_CHOICES,
             statuses=[s.value for s in RunStatus],
             paged=cursor is not None,
-            first_url=links(".runs", **filters, limit=limit if limit != RUNS_PAGE else None),
-            next_url=links(".runs", **filters, limit=limit, cursor=page.cursor) if page.cursor else None,
+            first_url=links(".runs", **kept, limit=limit if limit != RUNS_PAGE else None),
+            next_url=links(".runs", **kept, limit=limit, cursor=page.cursor) if page.cursor else None,
         )
+
+    @bp.get("/runs/<run_id>/history.json")
+    def history(run_id: str) -> Response:
+        """The run's whole event log as the JSON ``History.load`` / ``testing.replay_history`` read (hook tokens
+        included, so it needs the right to reveal them)."""
+        ins.check(guard.VIEW)
+        ins.check(guard.REVEAL)
+        doc = History.from_world(ins.world, run_id).to_json()
+        resp = Response(
+            json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n", mimetype="application/json"
+        )
+        resp.headers["Content-Disposition"] = f'attachment; filename="{run_id}.history.json"'
+        return resp
 
     @bp.get("/runs/<run_id>")
     def run(run_id: str) -> Response:

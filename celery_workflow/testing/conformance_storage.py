@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -275,7 +275,7 @@ class StorageConformance(Conformance):
             eventually(lambda: True if ids.utcnow() > made[-1].created_at else None)  # the next one is newer
         world.append(made[0].run_id, [ev(EventType.RUN_STARTED)])
         world.append(made[2].run_id, [ev(EventType.RUN_STARTED)])
-        running = {"workflow": name, "status": RunStatus.RUNNING}
+        running: dict[str, Any] = {"workflow": name, "status": RunStatus.RUNNING}
 
         def listed(count: int, **filters: Any) -> list[str] | None:
             got = [r.run_id for r in world.list_runs(limit=1000, **filters).items if r.run_id.startswith(prefix)]
@@ -297,6 +297,47 @@ class StorageConformance(Conformance):
             assert seen == expected
         with pytest.raises(InvalidCursor):
             world.list_runs(cursor=made[0].run_id)  # a run id is no cursor
+
+    def test_list_runs_by_run_id_prefix_and_creation_time(self, world: World) -> None:
+        """``run_id_prefix`` keeps the runs whose id starts with it; ``created_from`` (inclusive) and
+        ``created_until`` (exclusive) bound the creation time; they combine with the other filters and the cursor."""
+        prefix = unique("qrun").lower()
+        name = unique("wf.search")
+        made: list[Any] = []
+        for i in range(4):
+            made.append(create(world, workflow=name, run_id=f"{prefix}_{'ab'[i % 2]}{i}"))
+            eventually(lambda: True if ids.utcnow() > made[-1].created_at else None)  # the next one is newer
+        newest_first = [r.run_id for r in reversed(made)]
+
+        def listed(count: int, **filters: Any) -> list[str] | None:
+            got = [r.run_id for r in world.list_runs(limit=1000, **filters).items]
+            return got if len(got) == count else None
+
+        assert eventually(lambda: listed(4, run_id_prefix=prefix)) == newest_first
+        assert eventually(lambda: listed(2, run_id_prefix=f"{prefix}_a")) == [made[2].run_id, made[0].run_id]
+        assert eventually(lambda: listed(2, run_id_prefix=f"{prefix}_b", workflow=name)) == [
+            made[3].run_id,
+            made[1].run_id,
+        ]
+        assert world.list_runs(run_id_prefix=f"{prefix}_c").items == []
+        middle = {"created_from": made[1].created_at, "created_until": made[3].created_at}
+        assert eventually(lambda: listed(2, run_id_prefix=prefix, **middle)) == [made[2].run_id, made[1].run_id]
+        assert eventually(lambda: listed(2, workflow=name, **middle)) == [made[2].run_id, made[1].run_id]
+        assert eventually(lambda: listed(1, workflow=name, created_until=made[1].created_at)) == [made[0].run_id]
+        assert eventually(lambda: listed(1, workflow=name, created_from=made[3].created_at)) == [made[3].run_id]
+        seen: list[str] = []
+        cursor = None
+        while True:  # a page at a time, within the time range
+            page = world.list_runs(limit=1, cursor=cursor, workflow=name, created_from=made[1].created_at)
+            seen += [r.run_id for r in page.items]
+            if page.cursor is None:
+                break
+            cursor = page.cursor
+        assert seen == newest_first[:3]
+        with pytest.raises(ValueError):
+            world.list_runs(run_id_prefix="")
+        with pytest.raises(ValueError):
+            world.list_runs(created_from=datetime(2026, 1, 1))  # naive
 
     def test_a_reader_of_an_ended_runs_open_stream_returns_what_is_there_without_waiting(self, world: World) -> None:
         """Nobody is left to write or close the stream of an ended run: a read that may wait 30 s returns at once

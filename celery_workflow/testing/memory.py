@@ -215,8 +215,19 @@ class MemoryWorld(TemplateWorld):
         status: RunStatus | str | None = None,
         limit: int = 100,
         cursor: str | None = None,
+        run_id_prefix: str | None = None,
+        created_from: datetime | None = None,
+        created_until: datetime | None = None,
     ) -> Page[RunView]:
-        wanted = RunFilter.of(workflow=workflow, status=status, limit=limit, cursor=cursor)
+        wanted = RunFilter.of(
+            workflow=workflow,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+            run_id_prefix=run_id_prefix,
+            created_from=created_from,
+            created_until=created_until,
+        )
         with self._cond:
             views = [r.view for r in self._runs.values() if wanted.matches(r.view)]
         return wanted.page(wanted.newest_first(views)[: limit + 1])

@@ -155,6 +155,63 @@ def test_the_list_filters_by_workflow_and_status_and_counts_per_status(wf: Workf
     assert '<option value="completed" selected>' in http.get(f"{PREFIX}/?status=completed").get_data(as_text=True)
 
 
+def test_the_list_searches_by_run_id_prefix_and_creation_time_and_refreshes(
+    wf: Workflows, worker: LocalWorker
+) -> None:
+    first = wf.start("greet", "ann", run_id="wrun_search_a1").id
+    second = wf.start("greet", "bob", run_id="wrun_search_b2").id
+    third = wf.start("greet", "cy", run_id="wrun_other_c3").id
+    worker.run_until_idle()
+    created = {r: wf.world.get_run(r).created_at for r in (first, second, third)}
+    http = client(wf)
+
+    def listed(query: str) -> list[str]:
+        answer = http.get(f"{PREFIX}/?{query}")
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+        return rows(answer.get_data(as_text=True))
+
+    assert listed("run=wrun_search") == newest_first(wf, [first, second])
+    assert listed("run=wrun_search_b&workflow=greet&status=completed") == [second]
+    assert listed("run=wrun_none") == []
+    since = created[second].replace(tzinfo=None).isoformat()  # a datetime-local value: UTC without an offset
+    assert set(listed(f"from={since}")) == {r for r in (first, second, third) if created[r] >= created[second]}
+    until = created[second].isoformat()
+    assert set(listed(f"until={until.replace('+', '%2B')}")) == {
+        r for r in (first, second, third) if created[r] < created[second]
+    }
+    assert http.get(f"{PREFIX}/?from=yesterday").status_code == 400
+    assert http.get(f"{PREFIX}/?refresh=-1").status_code == 400
+    page = http.get(f"{PREFIX}/?run=wrun_search&refresh=15").get_data(as_text=True)
+    assert '<meta http-equiv="refresh" content="15">' in page and 'value="wrun_search"' in page
+    assert "http-equiv" not in http.get(f"{PREFIX}/").get_data(as_text=True)
+
+
+def test_a_runs_history_downloads_as_replay_history_reads_it(wf: Workflows, worker: LocalWorker) -> None:
+    from celery_workflow.testing import History, replay_history
+
+    run_id = waiting_on_hook(wf, worker)
+    assert client(wf).get(f"{PREFIX}/runs/{run_id}/history.json").status_code == 403  # it holds the hook's token
+    assert "download the history" not in client(wf).get(f"{PREFIX}/runs/{run_id}").get_data(as_text=True)
+    http = client(wf, allow_actions=True)
+    assert "download the history" in http.get(f"{PREFIX}/runs/{run_id}").get_data(as_text=True)
+    answer = http.get(f"{PREFIX}/runs/{run_id}/history.json")
+    assert answer.status_code == 200 and answer.mimetype == "application/json"
+    assert f'filename="{run_id}.history.json"' in answer.headers["Content-Disposition"]
+    history = History.from_json(json.loads(answer.get_data(as_text=True)))
+    assert history.run_id == run_id and len(history.events) == wf.world.get_run(run_id).event_count
+    replay_history(wf, history)  # the code replays its own history without a divergence
+    assert http.get(f"{PREFIX}/runs/wrun_nobody/history.json").status_code == 404
+
+
+def test_the_queues_page_shows_depth_and_consumers(wf: Workflows) -> None:
+    wf.start("greet", "ann")
+    wf.start("greet", "bob")
+    page = client(wf).get(f"{PREFIX}/queues").get_data(as_text=True)
+    found = re.search(r'<tr class="queue" data-queue="celery">.*?data-messages="(\d+)"', page, re.S)
+    assert found and int(found.group(1)) == 2, page
+    assert "no consumer" in page  # nothing consumes it in this test
+
+
 def test_the_list_pages_with_the_worlds_cursors(wf: Workflows, worker: LocalWorker) -> None:
     started = [wf.start("greet", f"n{i}").id for i in range(5)]
     http = client(wf)
