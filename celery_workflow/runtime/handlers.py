@@ -40,7 +40,6 @@ from celery_workflow.errors import (
 )
 from celery_workflow.event_data import (
     HookCreatedData,
-    HookDisposedData,
     HookReceivedData,
     RunCancelledData,
     RunCompletedData,
@@ -48,20 +47,19 @@ from celery_workflow.event_data import (
     StepFailedData,
     StepStartedData,
 )
-from celery_workflow.events import Event, EventType, HookView, NewEvent, RunStatus, RunView
+from celery_workflow.events import EventType, HookView, NewEvent, RunStatus, RunView
 from celery_workflow.ids import new_run_id, to_micros, utcnow
-from celery_workflow.runtime import batches, continuation, steps
+from celery_workflow.runtime import continuation, steps
 from celery_workflow.runtime.context import WebhookRequest
+from celery_workflow.runtime.control import Outcome, Refused, Restart, WorldFault
+from celery_workflow.runtime.effects import RunEnded, WorkflowEffects
 from celery_workflow.runtime.registry import Registry, StepDef
-from celery_workflow.runtime.replay import Outcome, Refused, Replay, Restart, WorldFault
+from celery_workflow.runtime.replay import Replay
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 
 log = logging.getLogger("celery_workflow")
 
 MAX_RESTARTS = 100
-#: A new run's first inline step starts without its own write when its body took less than this the last time
-#: (seconds): the start rides with the delivery's next write. A longer step is started in the World first.
-HOLD_START_BELOW = 0.01
 _RUN_ID = re.compile(r"^[A-Za-z0-9_\-.:@]{1,200}$")
 
 
@@ -81,10 +79,6 @@ class Dispatcher(Protocol):
     def step_delivery(
         self, run_id: str, workflow_name: str, step_name: str, step_id: str, queue: str, *, not_before: datetime | None
     ) -> Delivery: ...
-
-
-class _Stop(BaseException):
-    """The run ended under this delivery: nothing more to do."""
 
 
 class Runtime:
@@ -293,7 +287,7 @@ class Runtime:
                         self.cancel(run_id, f"its predecessor {predecessor} ended without handing over to it")
                     return "ended"
             wdef = self.registry.workflow(run.workflow_name)
-            effects = _WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
+            effects = WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
             replay = Replay(
                 run=run,
                 wdef=wdef,
@@ -309,7 +303,7 @@ class Runtime:
                 return self._finish(run, replay, outcome, attempt)
             except Restart:
                 continue
-            except _Stop:
+            except RunEnded:
                 return "ended"
             except WorldFault as fault:
                 raise fault.error  # noqa: B904 - its own cause is the driver's error
@@ -506,111 +500,3 @@ class Runtime:
         log.error("run %s: the World refused the outcome of step %s (%s); failing the step", run.run_id, step_id, exc)
         failed = NewEvent.of(StepFailedData(error=steps.error_info(exc)), step_id)
         return self._record_step(run, step_id, failed, receipt)
-
-
-class _WorkflowEffects:
-    """The I/O of one replay: appends relative to what the replay has seen, step execution, the time budget."""
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        run: RunView,
-        delivery_id: str,
-        started: float,
-        receipt: str | None,
-        *,
-        inline_until: float | None = None,
-    ) -> None:
-        self.runtime = runtime
-        self.run = run
-        self.delivery_id = delivery_id
-        self.started = started
-        self.receipt = receipt
-        self.inline_until = inline_until
-        self.defer_writes = not runtime.every_write_durable
-        self.replay: Replay | None = None
-
-    def append(
-        self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
-    ) -> list[Event]:
-        """Write a batch of the replay as the appends the World's limits allow (:mod:`.batches`): one where any size
-        goes; else several, in order, a step's delivery with its creation, the ack and the durable commit with the
-        last. Another writer's events between two of them leave a gap in what is returned: the replay then reads the
-        log again (Restart), keeping what was written."""
-        assert self.replay is not None
-        expected = self.replay.count if conditional else None
-        try:
-            return batches.append_split(
-                self.runtime.world,
-                self.run.run_id,
-                events,
-                deliveries,
-                expected_count=expected,
-                ack=self.receipt if final else None,
-                durable=self.runtime.every_write_durable,
-                last_durable=final or self.runtime.every_write_durable,
-            )
-        except (StaleLog, EntityExists, EntityTerminal):
-            raise Restart() from None
-        except RunTerminal:
-            raise _Stop() from None
-
-    def wall_now(self) -> datetime:
-        return self.runtime.clock()
-
-    def inline_allowed(self) -> bool:
-        now = time.monotonic()
-        return now - self.started < self.runtime.inline_budget and (
-            self.inline_until is None or now < self.inline_until
-        )
-
-    def take_token(self, token: str) -> None:
-        """Dispose the other run's live hook owning ``token`` in that run's log (``taken_by`` this run) and wake it.
-        Two appends of one run each, never one transaction over two runs: no lock order to keep, and it works the
-        same on every World. A owner that ended or let go meanwhile is left alone."""
-        world = self.runtime.world
-        try:
-            owner = world.get_hook_by_token(token)
-            if owner.run_id == self.run.run_id:
-                return
-            owner_run = world.get_run(owner.run_id)
-            world.append(
-                owner.run_id,
-                [NewEvent.of(HookDisposedData(taken_by=self.run.run_id), owner.hook_id)],
-                deliveries=[self.runtime.wake_delivery(owner_run)],
-            )
-        except (NotFound, RunTerminal, EntityTerminal):
-            return
-        log.info("run %s took hook token %r over from run %s", self.run.run_id, token, owner.run_id)
-
-    def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery:
-        queue = self.runtime._step_queue(self.run, sdef)
-        return self.runtime.dispatcher.step_delivery(
-            self.run.run_id, self.run.workflow_name, sdef.name, step_id, queue, not_before=not_before
-        )
-
-    def execute_step(
-        self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
-    ) -> steps.StepOutcome:
-        began = time.monotonic()
-        try:
-            return steps.execute(
-                self.runtime.world,
-                sdef,
-                run_id=self.run.run_id,
-                workflow_name=self.run.workflow_name,
-                step_id=step_id,
-                data_input=input,
-                attempt=attempt,
-                started_at=started_at,
-            )
-        finally:
-            self.runtime.inline_seconds[sdef.name] = time.monotonic() - began
-
-    def may_hold_start(self, sdef: StepDef) -> bool:
-        """A new run's first step may start unwritten (the run was read from the World just now, pending: no other
-        delivery of it exists) when the step's body took less than :data:`HOLD_START_BELOW` the last time it ran
-        here. A step not seen yet, or a slow one, is started in the World first, so a run in a long step shows as
-        running."""
-        last = self.runtime.inline_seconds.get(sdef.name)
-        return last is not None and last < HOLD_START_BELOW

@@ -13,27 +13,22 @@ is past its time budget. A call that cannot finish now raises :class:`Suspend` (
 ``except Exception`` blocks cannot swallow it); the handler then writes the pending creations and deliveries in one
 append.
 
-This module does no I/O of its own: every read and write goes through the :class:`Effects` the handler passes in.
+This module does no I/O of its own: every read and write goes through the :class:`~.control.Effects` the handler
+passes in; the exceptions that unwind a replay live beside that protocol in :mod:`.control`.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
 from random import Random
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any
 
 from celery_workflow import codec
-from celery_workflow.errors import EventInvalid, HookConflict, PayloadError, StepFailed, WorldError
+from celery_workflow.errors import PayloadError, StepFailed
 from celery_workflow.event_data import (
-    HookConflictData,
     HookCreatedData,
-    HookDisposedData,
-    HookReceivedData,
     RunStartedData,
     StepCompletedData,
     StepCreatedData,
@@ -43,13 +38,22 @@ from celery_workflow.event_data import (
     WaitCreatedData,
 )
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
-from celery_workflow.runtime import context, steps
+from celery_workflow.runtime import context, hooks, steps
 from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
+from celery_workflow.runtime.control import (
+    Diverged,
+    Effects,
+    Outcome,
+    Refused,
+    Restart,
+    Suspend,
+    WorldFault,
+    brief,
+    guarded,
+)
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
-from celery_workflow.runtime.steps import StepOutcome, error_info
+from celery_workflow.runtime.steps import error_info
 from celery_workflow.world import DEFAULT_MAX_PAYLOAD, Delivery
-
-T = TypeVar("T")
 
 #: How often a forced hook claim takes its token over before it gives up (each time another run claimed it first).
 MAX_TAKEOVERS = 3
@@ -58,104 +62,6 @@ MAX_TAKEOVERS = 3
 def _is_successor(cid: str | None) -> bool:
     """Whether ``cid`` names the re-claim of a forced hook (``hook:<n>~<k>``), matched by id rather than order."""
     return cid is not None and cid.startswith("hook:") and "~" in cid
-
-
-def brief(value: Any, limit: int = 200) -> str:
-    """A JSON value for a divergence message, cut at ``limit`` characters (messages are stored in the log)."""
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-class Suspend(BaseException):
-    """Unwinds the workflow function: the run waits for something not in the log yet."""
-
-
-class Restart(BaseException):
-    """The log moved under this replay (another writer appended): reload it and replay from the top."""
-
-
-class WorldFault(BaseException):
-    """The World failed under this replay (unavailable, throttled, a driver error): not the workflow's outcome.
-
-    A ``BaseException``, so a workflow's ``except Exception`` cannot catch it (nor see it as a step's failure): the
-    handler re-raises :attr:`error` and the delivery is retried with backoff, the run untouched."""
-
-    def __init__(self, error: WorldError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class Refused(BaseException):
-    """The World refused a write of this replay as malformed (:class:`EventInvalid`, a value it cannot store): the
-    same write would be refused again, so the run fails at once with :attr:`error` as its cause (no retries)."""
-
-    def __init__(self, error: EventInvalid | PayloadError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def guarded(call: Callable[[], T]) -> T:
-    """Run a World call made under a replay, turning its infrastructure errors into :class:`WorldFault` and its
-    refusals of bad data into :class:`Refused`, neither of which the workflow's code can catch."""
-    try:
-        return call()
-    except WorldError as exc:
-        raise WorldFault(exc) from exc
-    except (EventInvalid, PayloadError) as exc:
-        raise Refused(exc) from exc
-
-
-class _Diverged(BaseException):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class Effects(Protocol):
-    """The I/O a replay needs, provided by the delivery handler."""
-
-    delivery_id: str
-    #: write step completions (and a pending run's start) with the delivery's next write instead of on their own
-    defer_writes: bool
-
-    def append(
-        self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
-    ) -> list[Event]:
-        """Append at the replay's event count (``conditional``: raise Restart if it moved) or at the next slot.
-
-        ``final``: the delivery's last write, durable and acking the delivery; earlier writes need not be durable.
-        """
-        ...
-
-    def wall_now(self) -> datetime: ...
-
-    def inline_allowed(self) -> bool: ...
-
-    def step_delivery(self, sdef: StepDef, step_id: str, not_before: datetime | None) -> Delivery: ...
-
-    def take_token(self, token: str) -> None:
-        """Take ``token`` from the live hook of another run that owns it (a forced claim): that hook is disposed in
-        its own run's log (``hook_disposed`` with ``taken_by``) and its run woken, so its ``wait()`` raises
-        HookConflict. Nothing when no other run's live hook owns the token."""
-        ...
-
-    def execute_step(
-        self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
-    ) -> StepOutcome: ...
-
-    def may_hold_start(self, sdef: StepDef) -> bool:
-        """Whether a new inline step of a run this delivery is the first to write may start unwritten: its
-        ``step_created`` and ``step_started`` ride with the delivery's next write, beside the run's start. True
-        only where no other delivery can reach the step meanwhile and the step is known to be quick (see
-        :meth:`Replay._run_inline`)."""
-        ...
-
-
-@dataclass(slots=True)
-class Outcome:
-    kind: Literal["completed", "failed", "suspended", "diverged", "continued"]
-    output: Any = None
-    error: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -252,7 +158,7 @@ class Replay:
         if self.cursor < len(self.creations):
             ev = self.creations[self.cursor]
             if ev.correlation_id != cid:
-                raise _Diverged(
+                raise Diverged(
                     f"the event log has {ev.event_type} {ev.correlation_id!r} at slot {ev.slot},"
                     f" but the workflow code now calls {cid!r} there"
                 )
@@ -357,7 +263,7 @@ class Replay:
                 except PayloadError as exc:
                     return Outcome("failed", error=error_info(exc))
                 return Outcome("continued", output=successor_input)
-            except _Diverged as exc:
+            except Diverged as exc:
                 return Outcome("diverged", error={"type": "ReplayDivergence", "message": exc.message})
             except Refused as refused:
                 self.discard()
@@ -372,7 +278,7 @@ class Replay:
             except PayloadError as exc:
                 return Outcome("failed", error=error_info(exc))
             return Outcome("completed", output=output)
-        except _Diverged as exc:
+        except Diverged as exc:
             return Outcome("diverged", error={"type": "ReplayDivergence", "message": exc.message})
         finally:
             context.exit_replay(token)
@@ -380,7 +286,7 @@ class Replay:
     def _check_consumed(self) -> None:
         if self.cursor < len(self.creations):
             ev = self.creations[self.cursor]
-            raise _Diverged(
+            raise Diverged(
                 f"the event log has {ev.event_type} {ev.correlation_id!r} at slot {ev.slot},"
                 " which the workflow code no longer reaches"
             )
@@ -416,9 +322,9 @@ class Replay:
         else:
             body = ev.body
             if not isinstance(body, StepCreatedData) or body.step_name != sdef.name:
-                raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not the creation of step {sdef.name}")
+                raise Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not the creation of step {sdef.name}")
             if body.input != data_input:
-                raise _Diverged(
+                raise Diverged(
                     f"step {cid!r} is called with other arguments than the event log records (slot {ev.slot}):"
                     f" the log has {brief(body.input)}, the code now passes {brief(data_input)};"
                     " pass values from now()/random()/uuid4() or step results instead of nondeterministic ones"
@@ -520,7 +426,7 @@ class Replay:
             self.open_waits[cid] = resume_at
             raise Suspend()
         if ev.event_type is not EventType.WAIT_CREATED:
-            raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a sleep")
+            raise Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a sleep")
         completed = self._of(cid, EventType.WAIT_COMPLETED)
         if completed:
             self._advance(completed[0])
@@ -544,8 +450,8 @@ class Replay:
         force: bool = False,
         token_retention: timedelta | datetime | None = None,
     ) -> Hook[Any]:
-        cid, tok, _ = self._hook(
-            token, metadata, is_webhook=False, respond_with=None, force=force, retention=token_retention
+        cid, tok, _ = hooks.claim(
+            self, token, metadata, is_webhook=False, respond_with=None, force=force, retention=token_retention
         )
         return Hook(self, cid, tok, payload_type)
 
@@ -558,7 +464,8 @@ class Replay:
         keep_credentials: bool = False,
         token_retention: timedelta | datetime | None = None,
     ) -> Webhook:
-        cid, tok, data = self._hook(
+        cid, tok, data = hooks.claim(
+            self,
             token,
             None,
             is_webhook=True,
@@ -569,115 +476,8 @@ class Replay:
         # A webhook recorded before ``many`` existed has no flag: it behaves as many (see HookCreatedData.webhook_options).
         return Webhook(self, cid, tok, self.base_url, many=data.webhook_options[0] if data is not None else True)
 
-    def _hook(
-        self,
-        token: str | None,
-        metadata: Any,
-        *,
-        is_webhook: bool,
-        respond_with: Any,
-        options: tuple[bool, bool] | None = None,
-        force: bool = False,
-        retention: timedelta | datetime | None = None,
-    ) -> tuple[str, str, HookCreatedData | None]:
-        """Create (or meet in the log) a hook: its correlation id, its token and its creation data (None: its
-        creation met an owner, ``hook_conflict``). ``options``: a webhook's ``(many, keep_credentials)``."""
-        if token is not None and not (isinstance(token, str) and token):
-            # raised where the workflow asks, so its cause is plain (the World would refuse the creation later)
-            got = "an empty string" if isinstance(token, str) else type(token).__name__
-            raise EventInvalid(f"a hook token must be a non-empty string, not {got}")
-        cid = self._next_id("hook")
-        ev = self._match(cid)
-
-        def creation(tok: str) -> HookCreatedData:
-            until = None
-            if retention is not None:  # an end in time, fixed when the hook is first created (see rules)
-                until = self.effects.wall_now() + retention if isinstance(retention, timedelta) else retention
-            many, keep_credentials = options if options is not None else (None, None)
-            return HookCreatedData(
-                token=tok,
-                metadata=codec.to_json(metadata),
-                is_webhook=is_webhook,
-                respond_with=codec.to_json(respond_with) if respond_with is not None else None,
-                many=many,
-                keep_credentials=keep_credentials,
-                force=force,
-                token_retention_until=until,
-            )
-
-        if ev is None:
-            tok = token if token is not None else secrets.token_urlsafe(18)
-            data = creation(tok)
-            self.pending.append(NewEvent.of(data, cid))
-            if force:
-                self.forced[cid] = data
-            return cid, tok, data
-        body = ev.body
-        if not isinstance(body, HookCreatedData | HookConflictData):
-            raise _Diverged(f"slot {ev.slot} holds {ev.event_type} {cid!r}, not a hook")
-        tok = body.token
-        if token is not None and token != tok:
-            raise _Diverged(f"hook {cid!r} was created with token {tok!r}, the code now asks for {token!r}")
-        if force:
-            self.forced[cid] = creation(tok)
-        return cid, tok, body if isinstance(body, HookCreatedData) else None
-
-    def _current(self, cid: str, *, take: bool) -> str:
-        """The hook that stands for ``cid`` now. A forced claim whose creation met an owner (``hook_conflict``) takes
-        the token from it and claims it again as ``<cid>~1`` (``~2`` … when yet another run took it meanwhile, up to
-        :data:`MAX_TAKEOVERS` times; past that the hook stays in conflict). Successors are found by id: their
-        creations come after whatever the code did in between. ``take``: take the token over when no successor
-        exists yet (a wait), or not (a dispose)."""
-        data = self.forced.get(cid)
-        if data is None or not self._of(cid, EventType.HOOK_CONFLICT):
-            return cid
-        current = cid
-        for k in range(1, MAX_TAKEOVERS + 1):
-            successor = f"{cid}~{k}"
-            if self._of(successor, EventType.HOOK_CREATED):
-                return successor
-            if not self._of(successor, EventType.HOOK_CONFLICT):
-                pending = any(ev.correlation_id == successor for ev in self.pending)
-                if take and not pending:
-                    guarded(partial(self.effects.take_token, data.token))
-                    self.pending.append(NewEvent.of(data, successor))
-                return successor if take or pending else current
-            current = successor
-        return current
-
     def hook_next(self, cid: str, consumed: int) -> tuple[Any, int]:
-        cid = self._current(cid, take=True)
-        conflict = self._of(cid, EventType.HOOK_CONFLICT)
-        if conflict:
-            data = conflict[0].data_as(HookConflictData)
-            raise HookConflict(token=data.token, conflicting_run_id=data.conflicting_run_id)
-        received = self._of(cid, EventType.HOOK_RECEIVED)
-        if consumed < len(received):
-            ev = received[consumed]
-            self._advance(ev)
-            return ev.data_as(HookReceivedData).payload, consumed + 1
-        for ev in self._of(cid, EventType.HOOK_DISPOSED):
-            taken_by = ev.data_as(HookDisposedData).taken_by
-            if taken_by:  # another run's forced claim took the token (see Effects.take_token)
-                self._advance(ev)
-                created = self._of(cid, EventType.HOOK_CREATED)
-                token = created[0].data_as(HookCreatedData).token if created else ""
-                # the message names no token: it is recorded as the run's error where it fails the run
-                raise HookConflict(
-                    f"the token of hook {cid} was taken over by run {taken_by}",
-                    token=token,
-                    conflicting_run_id=taken_by,
-                )
-        raise Suspend()
+        return hooks.next_payload(self, cid, consumed)
 
     def hook_dispose(self, cid: str) -> None:
-        cid = self._current(cid, take=False)
-        if self._of(cid, EventType.HOOK_DISPOSED) or self._of(cid, EventType.HOOK_CONFLICT):
-            return
-        for i, ev in enumerate(self.pending):
-            if ev.correlation_id == cid and ev.event_type is EventType.HOOK_CREATED:
-                del self.pending[i]  # never written: nothing to release
-                return
-        if any(ev.correlation_id == cid for ev in self.pending):
-            return
-        self.pending.append(NewEvent.of(HookDisposedData(), cid))
+        hooks.dispose(self, cid)

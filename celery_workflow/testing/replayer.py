@@ -38,8 +38,9 @@ from celery_workflow.errors import ReplayDivergence
 from celery_workflow.event_data import RunCompletedData, RunFailedData, StepCreatedData
 from celery_workflow.events import Event, EventType, NewEvent, RunStatus
 from celery_workflow.history import FORMAT, History
+from celery_workflow.runtime.control import brief
 from celery_workflow.runtime.registry import StepDef
-from celery_workflow.runtime.replay import Replay, brief
+from celery_workflow.runtime.replay import Replay
 from celery_workflow.runtime.steps import StepOutcome
 from celery_workflow.world import DEFAULT_QUEUE, Delivery
 

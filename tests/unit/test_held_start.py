@@ -12,7 +12,7 @@ from celery import Celery
 
 from celery_workflow import RunCancelled, Workflows
 from celery_workflow.events import EventType, NewEvent, RunStatus
-from celery_workflow.runtime import handlers
+from celery_workflow.runtime import effects
 from celery_workflow.testing import LocalWorker, MemoryWorld
 from celery_workflow.world import Claim
 
@@ -79,7 +79,7 @@ def test_a_known_quick_first_step_starts_with_the_runs_end(wf: Workflows, worker
     first = once.start(1)
     worker.run_until_complete(first)
     assert appends == TWO_WRITES  # a step this process has not run yet is started in the World first
-    assert wf.runtime.inline_seconds["bump"] < handlers.HOLD_START_BELOW
+    assert wf.runtime.inline_seconds["bump"] < effects.HOLD_START_BELOW
     appends.clear()
     second = once.start(2)
     worker.run_until_complete(second)
@@ -114,7 +114,7 @@ def test_only_the_first_step_is_held(wf: Workflows, worker: LocalWorker) -> None
 def test_a_slow_step_is_started_in_the_world_first(wf: Workflows, worker: LocalWorker) -> None:
     once, _, _ = _flows(wf)
     worker.run_until_complete(once.start(1))
-    wf.runtime.inline_seconds["bump"] = handlers.HOLD_START_BELOW  # as if its last run took that long
+    wf.runtime.inline_seconds["bump"] = effects.HOLD_START_BELOW  # as if its last run took that long
     appends = _appends(wf)
     worker.run_until_complete(once.start(2))
     assert appends == TWO_WRITES
