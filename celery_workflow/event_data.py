@@ -51,6 +51,7 @@ class EventType(StrEnum):
     HOOK_CONFLICT = "hook_conflict"
     WAIT_CREATED = "wait_created"
     WAIT_COMPLETED = "wait_completed"
+    PATCH_APPLIED = "patch_applied"
 
     @classmethod
     def _missing_(cls, value: object) -> EventType:
@@ -314,6 +315,18 @@ class WaitCreatedData(EventData):
 @dataclass(frozen=True, slots=True)
 class WaitCompletedData(EventData):
     pass
+
+
+@_event(EventType.PATCH_APPLIED)
+@dataclass(frozen=True, slots=True)
+class PatchAppliedData(EventData):
+    """The run took the new path of a change guarded by ``patched(change_id)`` (correlation id ``patch:<id>``)."""
+
+    change_id: str
+
+    def __post_init__(self) -> None:
+        if not self.change_id:
+            raise ValueError("patch_applied needs a non-empty change_id")
 
 
 assert set(DATA_TYPES) == set(EventType), "every event type has its data class"

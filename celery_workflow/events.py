@@ -28,6 +28,7 @@ from celery_workflow.event_data import EventData, EventType, data_of
 __all__ = [
     "CREATION_EVENTS",
     "HOOK_EVENTS",
+    "PATCH_EVENTS",
     "RUN_END_STATUS",
     "RUN_EVENTS",
     "STEP_EVENTS",
@@ -107,6 +108,8 @@ HOOK_EVENTS = frozenset(
     {EventType.HOOK_CREATED, EventType.HOOK_RECEIVED, EventType.HOOK_DISPOSED, EventType.HOOK_CONFLICT}
 )
 WAIT_EVENTS = frozenset({EventType.WAIT_CREATED, EventType.WAIT_COMPLETED})
+#: Markers of versioned code (``patched()``): they change no view, only what a replay of the run decides.
+PATCH_EVENTS = frozenset({EventType.PATCH_APPLIED})
 CREATION_EVENTS = frozenset(
     {EventType.STEP_CREATED, EventType.HOOK_CREATED, EventType.HOOK_CONFLICT, EventType.WAIT_CREATED}
 )

@@ -62,6 +62,7 @@ from celery_workflow.errors import (
 from celery_workflow.event_data import (
     HookConflictData,
     HookCreatedData,
+    PatchAppliedData,
     RunCompletedData,
     RunCreatedData,
     RunFailedData,
@@ -74,6 +75,7 @@ from celery_workflow.event_data import (
 )
 from celery_workflow.events import (
     HOOK_EVENTS,
+    PATCH_EVENTS,
     RUN_END_STATUS,
     RUN_EVENTS,
     STEP_EVENTS,
@@ -240,7 +242,11 @@ def validate(ev: NewEvent) -> bytes:
         raise EventInvalid(f"{ev.event_type} takes no correlation id")
     if ev.correlation_id is not None and len(ev.correlation_id) > 512:
         raise EventInvalid("correlation id longer than 512 characters")
-    _ = ev.body  # EventInvalid unless the data fits its type
+    body = ev.body  # EventInvalid unless the data fits its type
+    if isinstance(body, PatchAppliedData) and ev.correlation_id != f"patch:{body.change_id}":
+        raise EventInvalid(
+            f"patch_applied of change {body.change_id!r} needs the correlation id 'patch:{body.change_id}'"
+        )
     try:
         return codec.dumps(dict(ev.data))
     except PayloadTooLarge as exc:
@@ -333,6 +339,8 @@ class _State:
             self._hook_event(ev)
         elif kind in WAIT_EVENTS:
             self._wait_event(ev)
+        elif kind in PATCH_EVENTS:
+            self._patch_event(ev)
         else:  # a type without a rule is refused, never taken for another family's
             raise EventInvalid(f"no transition rule for event type {str(kind)!r}")
 
@@ -540,3 +548,15 @@ class _State:
             view = dataclasses.replace(wait, status=WaitStatus.COMPLETED, completed_at=self.now)
         self.waits[wid] = view
         self.plan.waits[wid] = view
+
+    # -- patches -----------------------------------------------------------------------------------------------------
+
+    def _patch_event(self, ev: NewEvent) -> None:
+        """A ``patch_applied`` marker (its correlation id ``patch:<change_id>``, checked with its shape): on a live run
+        only. It keeps no view;
+        a repeated marker is written as it comes (the replay that writes it appends on the count it has read, and a
+        replay reads the first)."""
+        run = self.run
+        if run.status.terminal:
+            raise RunTerminal(f"run {run.run_id} is {run.status}; cannot apply {ev.event_type}")
+        self._emit(ev)

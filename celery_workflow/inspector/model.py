@@ -29,6 +29,7 @@ from celery_workflow import codec
 from celery_workflow.errors import PayloadError
 from celery_workflow.event_data import (
     HookCreatedData,
+    PatchAppliedData,
     StepCompletedData,
     StepCreatedData,
     StepFailedData,
@@ -191,9 +192,9 @@ class Attempt:
 
 @dataclass(slots=True)
 class Item:
-    """One line of the timeline: a step (with attempts), a sleep or a hook."""
+    """One line of the timeline: a step (with attempts), a sleep, a hook, or a change the run took (``patched``)."""
 
-    kind: str  # step | sleep | hook
+    kind: str  # step | sleep | hook | patch
     correlation_id: str
     title: str
     status: str
@@ -295,6 +296,8 @@ def timeline(run: RunView, events: Iterable[Event], queue_of: QueueOf | None = N
             item.status, item.ended_at = "received", ev.created_at
         elif kind is EventType.HOOK_DISPOSED and item is not None:
             item.status, item.ended_at = "disposed", ev.created_at
+        elif isinstance(body, PatchAppliedData) and item is None:
+            items[cid] = Item("patch", cid, body.change_id, "applied", ev.slot, ev.created_at)
     for item in items.values():
         if item.kind != "step" and item.status in ("waiting", "received") and run.status.terminal:
             item.status = "ended with the run" if item.status == "waiting" else item.status

@@ -140,6 +140,16 @@ def uuid4() -> _uuid.UUID:
     return _uuid.UUID(int=rng.getrandbits(128), version=4)
 
 
+def patched(change_id: str) -> bool:
+    """Whether this run takes the new path of a workflow change: ``if patched("charge-first"): <new> else: <old>``.
+
+    Deterministic per run: True for a run that reaches the call first on code that has it (a ``patch_applied``
+    event records that, so every later replay agrees), False for a run whose log was recorded past this point by
+    code before the change. Once no run recorded before the change is in flight, drop the old branch and keep the
+    call (or remove it with the old branch: its marker is then ignored). See docs/workflow-changes.md."""
+    return _require_replay("patched").patched(change_id)
+
+
 def workflow_metadata() -> WorkflowMetadata:
     return _require_replay("workflow_metadata").metadata
 

@@ -26,9 +26,10 @@ from random import Random
 from typing import Any
 
 from celery_workflow import codec
-from celery_workflow.errors import PayloadError, StepFailed
+from celery_workflow.errors import EventInvalid, PayloadError, StepFailed
 from celery_workflow.event_data import (
     HookCreatedData,
+    PatchAppliedData,
     RunStartedData,
     StepCompletedData,
     StepCreatedData,
@@ -94,6 +95,8 @@ class Replay:
     pending_deliveries: list[Delivery] = field(default_factory=list)
     inline_new: dict[str, _InlineNew] = field(default_factory=dict)
     open_waits: dict[str, datetime] = field(default_factory=dict)
+    #: what each patched() call of this replay answered, in the order they were met
+    patches: dict[str, bool] = field(default_factory=dict)
     #: events written with the next write: a pending run's ``run_started``, completions of inline steps, the creation
     #: and start of a held first step
     deferred: list[NewEvent] = field(default_factory=list)
@@ -160,7 +163,7 @@ class Replay:
             if ev.correlation_id != cid:
                 raise Diverged(
                     f"the event log has {ev.event_type} {ev.correlation_id!r} at slot {ev.slot},"
-                    f" but the workflow code now calls {cid!r} there"
+                    f" but the workflow code now calls {cid!r} there" + self._guard_hint(repr(cid))
                 )
             self.cursor += 1
             return ev
@@ -288,8 +291,42 @@ class Replay:
             ev = self.creations[self.cursor]
             raise Diverged(
                 f"the event log has {ev.event_type} {ev.correlation_id!r} at slot {ev.slot},"
-                " which the workflow code no longer reaches"
+                " which the workflow code no longer reaches" + self._guard_hint(f"the removal of {ev.correlation_id!r}")
             )
+
+    def _guard_hint(self, change: str) -> str:
+        """What a divergence message adds: the change to guard with ``patched()``, and the last guard this replay
+        met (a guard whose old branch no longer does what the old code did shows there)."""
+        hint = (
+            f"; if the workflow code changed while this run was in flight, guard the change ({change}) with"
+            ' `if patched("<change-id>"): <new code> else: <old code>` (see docs/workflow-changes.md)'
+        )
+        if self.patches:
+            change_id, applied = next(reversed(self.patches.items()))
+            hint += f"; the last patched() check before it was {change_id!r}, {applied} for this run"
+        return hint
+
+    # -- versioned code --------------------------------------------------------------------------------------------
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new path of the change ``change_id``: True if its log records the change
+        (``patch_applied``), or if the run reaches the call past everything its log has created and has not ended
+        (the code from here on is new to it: the marker is written with the replay's next write, so every replay
+        after agrees); False for a run whose log goes on past this point without the marker (it was recorded by
+        code before the change). The answer is kept for the rest of the replay: a change checked twice is the same
+        change."""
+        if not isinstance(change_id, str) or not change_id:
+            got = "an empty string" if isinstance(change_id, str) else type(change_id).__name__
+            raise EventInvalid(f"patched() takes a non-empty string change id, not {got}")
+        if change_id in self.patches:
+            return self.patches[change_id]
+        cid = f"patch:{change_id}"
+        applied = bool(self._of(cid, EventType.PATCH_APPLIED)) or any(ev.correlation_id == cid for ev in self.pending)
+        if not applied and self.cursor >= len(self.creations) and not self.run.status.terminal:
+            self.pending.append(NewEvent.of(PatchAppliedData(change_id=change_id), cid))
+            applied = True
+        self.patches[change_id] = applied
+        return applied
 
     # -- steps -----------------------------------------------------------------------------------------------------
 

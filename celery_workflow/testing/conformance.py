@@ -29,7 +29,9 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * workflows under World faults (:class:`FaultConformance`): a World error at any call is retried, never the run's
   outcome; a write refused as malformed fails its run or step at once;
 * fan-outs wider than one append (:class:`FanOutConformance`): the runtime splits what one delivery writes within
-  the World's declared ``append_limits``, a failure between two appends is recovered, and the limits hold.
+  the World's declared ``append_limits``, a failure between two appends is recovered, and the limits hold;
+* versioned code (:class:`VersioningConformance`): ``patched()`` keeps an old run on its old path and records the
+  new path of a new run, read back by its later deliveries.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
 deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
@@ -62,6 +64,7 @@ from celery_workflow.testing.conformance_rules import (
     WaitRulesConformance,
 )
 from celery_workflow.testing.conformance_storage import StorageConformance
+from celery_workflow.testing.conformance_versions import VersioningConformance
 
 __all__ = [
     "ConcurrencyConformance",
@@ -75,6 +78,7 @@ __all__ = [
     "StorageConformance",
     "StreamConformance",
     "TokenRetentionConformance",
+    "VersioningConformance",
     "WaitForTerminalConformance",
     "WaitRulesConformance",
     "WorldConformance",
@@ -95,5 +99,6 @@ class WorldConformance(
     ConcurrencyConformance,
     FaultConformance,
     FanOutConformance,
+    VersioningConformance,
 ):
     """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""

@@ -117,6 +117,7 @@ GUIDES = [
     "concepts.md",
     "cli.md",
     "comparison.md",
+    "workflow-changes.md",
     *(f"deploy/{p.name}" for p in sorted((ROOT / "docs" / "deploy").glob("*.md"))),
 ]
 FENCE = re.compile(r"^```python\n(?P<code>.*?)^```$", re.S | re.M)

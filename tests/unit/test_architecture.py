@@ -319,8 +319,8 @@ def test_celery_is_used_only_by_app_py() -> None:
     # workers on our transports run Celery's own pools (the transports are on its event loop: no pool of ours);
     # inspector/server.py wraps a bare
     # World for the run inspector in a Workflows with a Celery app of its own (only to build the wake-up message of a
-    # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py and
-    # testing/conformance_fanout.py run real workflows on the World under test, in a Workflows with a Celery app of
+    # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py,
+    # testing/conformance_fanout.py and testing/conformance_versions.py run real workflows on the World under test, in a Workflows with a Celery app of
     # their own, for the same reason; worker_setup.py is app.py's worker side (the worker signals a Workflows connects:
     # queues without -Q, pools per process, upkeep), a module of its own to keep app.py under the size limit;
     # transport/scheduled.py is the ``inspect scheduled`` remote-control command a worker on our transports answers
@@ -333,6 +333,7 @@ def test_celery_is_used_only_by_app_py() -> None:
         "celery_workflow.inspector.server",
         "celery_workflow.testing.conformance_faults",
         "celery_workflow.testing.conformance_fanout",
+        "celery_workflow.testing.conformance_versions",
     }
     assert users("celery") <= allowed
     assert {n for n in users("kombu") if not n.startswith("celery_workflow.transport.")} <= {"celery_workflow.app"}

@@ -23,6 +23,7 @@ from celery_workflow.errors import (
 )
 from celery_workflow.events import (
     HOOK_EVENTS,
+    PATCH_EVENTS,
     RUN_EVENTS,
     STEP_EVENTS,
     WAIT_EVENTS,
@@ -80,6 +81,7 @@ SAMPLES: dict[EventType, list[dict[str, Any]]] = {
     EventType.HOOK_CONFLICT: [{"token": "t", "conflicting_run_id": "wrun_b"}],
     EventType.WAIT_CREATED: [{"resume_at": "2026-12-05T08:00:05+00:00"}],
     EventType.WAIT_COMPLETED: [{}],
+    EventType.PATCH_APPLIED: [{"change_id": "charge-first"}],
 }
 
 
@@ -98,7 +100,7 @@ def _snapshot() -> Snapshot:
 
 
 def test_every_event_type_has_one_family_and_a_data_class() -> None:
-    families = [RUN_EVENTS, STEP_EVENTS, HOOK_EVENTS, WAIT_EVENTS]
+    families = [RUN_EVENTS, STEP_EVENTS, HOOK_EVENTS, WAIT_EVENTS, PATCH_EVENTS]
     for kind in EventType:
         assert sum(kind in f for f in families) == 1, kind
         assert ed.DATA_TYPES[kind].TYPE is kind

@@ -354,7 +354,10 @@ def _events(draw: st.DrawFn) -> NewEvent:
     kind = draw(st.sampled_from(list(EventType)))
     run_level = kind in events.RUN_EVENTS
     family = "step" if kind in events.STEP_EVENTS else "hook" if kind in events.HOOK_EVENTS else "wait"
-    cid = None if run_level else draw(st.sampled_from(_IDS[family]))
+    change = draw(st.sampled_from(["c1", "c2"]))
+    cid = (
+        None if run_level else f"patch:{change}" if kind in events.PATCH_EVENTS else draw(st.sampled_from(_IDS[family]))
+    )
     table: dict[EventType, dict[str, Any]] = {
         EventType.RUN_CREATED: {"workflow_name": "wf", "input": {}},
         EventType.RUN_COMPLETED: {"output": 1},
@@ -370,6 +373,7 @@ def _events(draw: st.DrawFn) -> NewEvent:
         EventType.HOOK_CONFLICT: {"token": "t1"},
         EventType.HOOK_RECEIVED: {"payload": 1},
         EventType.WAIT_CREATED: {"resume_at": isoformat(T0)},
+        EventType.PATCH_APPLIED: {"change_id": change},
     }
     return NewEvent(kind, cid, table.get(kind, {}))
 
