@@ -18,7 +18,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from kombu import serialization
@@ -31,7 +31,7 @@ from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
-from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef
+from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
 from celery_workflow.task_names import step_task_name, workflow_task_name
 from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, World, open_world
@@ -43,6 +43,9 @@ log = logging.getLogger("celery_workflow")
 
 #: Where the embedded default World lives unless ``CELERY_WORKFLOW_URL`` or ``world=`` says otherwise.
 DEFAULT_URL = "sqlite:///celery_workflow.sqlite3"
+#: Seconds between a step's soft time limit (its ``timeout``: the body gets SoftTimeLimitExceeded) and its hard time
+#: limit (the pool process is killed; the delivery comes back when its lease ends and the attempt counts as started).
+HARD_LIMIT_GRACE = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,18 +288,34 @@ class Workflows:
 
     @overload
     def workflow(
-        self, func: None = None, /, *, name: str | None = None, queue: str | None = None
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        timeout: timedelta | float | None = None,
     ) -> Callable[[Callable[P, R]], Workflow[P, R]]: ...
 
     def workflow(
-        self, func: Callable[P, R] | None = None, /, *, name: str | None = None, queue: str | None = None
+        self,
+        func: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        timeout: timedelta | float | None = None,
     ) -> Workflow[P, R] | Callable[[Callable[P, R]], Workflow[P, R]]:
-        """Register a workflow: a deterministic function that calls steps, sleeps and waits for hooks."""
+        """Register a workflow: a deterministic function that calls steps, sleeps and waits for hooks.
+
+        ``timeout`` (a timedelta or seconds): a run's deadline, counted from its creation and recorded with it; a run
+        past it fails with RunTimedOut, its steps no longer run, and a sleeping or waiting run is woken to fail."""
 
         def register(fn: Callable[P, R]) -> Workflow[P, R]:
             if queue is not None:
                 self._check_queue(queue, f"workflow {name or fn.__name__!r}")
-            wdef = WorkflowDef(name=name or fn.__name__, func=fn, queue=queue)
+            limit = check_timeout(f"workflow {name or fn.__name__!r}", timeout)
+            wdef = WorkflowDef(name=name or fn.__name__, func=fn, queue=queue, timeout=limit)
             self.registry.add_workflow(wdef)
             self._register_workflow_task(wdef)
             return Workflow(self, wdef)
@@ -316,6 +335,7 @@ class Workflows:
         max_retries: int = 3,
         queue: str | None = None,
         retry_backoff: float = 1.0,
+        timeout: timedelta | float | None = None,
     ) -> Callable[[Callable[P, R]], Step[P, R]]: ...
 
     def step(
@@ -327,14 +347,25 @@ class Workflows:
         max_retries: int = 3,
         queue: str | None = None,
         retry_backoff: float = 1.0,
+        timeout: timedelta | float | None = None,
     ) -> Step[P, R] | Callable[[Callable[P, R]], Step[P, R]]:
-        """Register a step: any code, run at least once and recorded exactly once, retried on errors."""
+        """Register a step: any code, run at least once and recorded exactly once, retried on errors.
+
+        ``timeout`` (a timedelta or seconds): how long one attempt may run. An attempt past it fails with
+        StepTimedOut and is retried like any failed attempt. Such a step runs as its own delivery, under Celery's
+        soft time limit (the timeout) and hard time limit (:data:`HARD_LIMIT_GRACE` later)."""
 
         def register(fn: Callable[P, R]) -> Step[P, R]:
             if queue is not None:
                 self._check_queue(queue, f"step {name or fn.__name__!r}")
+            limit = check_timeout(f"step {name or fn.__name__!r}", timeout)
             sdef = StepDef(
-                name=name or fn.__name__, func=fn, max_retries=max_retries, queue=queue, retry_backoff=retry_backoff
+                name=name or fn.__name__,
+                func=fn,
+                max_retries=max_retries,
+                queue=queue,
+                retry_backoff=retry_backoff,
+                timeout=limit,
             )
             self.registry.add_step(sdef)
             self._register_step_task(sdef)
@@ -382,7 +413,11 @@ class Workflows:
                 raise
 
         run_step.__name__ = run_step.__qualname__ = f"step_{sdef.name}"
-        self.celery_app.task(name=step_task_name(sdef.name), **self._task_options())(run_step)
+        limits: dict[str, float] = {}
+        if sdef.timeout is not None:  # the body gets SoftTimeLimitExceeded; one that ignores it is killed
+            soft = sdef.timeout.total_seconds()
+            limits = {"soft_time_limit": soft, "time_limit": soft + HARD_LIMIT_GRACE}
+        self.celery_app.task(name=step_task_name(sdef.name), **self._task_options(), **limits)(run_step)
 
     def _put_back(self, claim: Claim | None, exc: Exception) -> None:
         """A delivery whose handling failed (the World unreachable, a bug): due again after a backoff, with the error

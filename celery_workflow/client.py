@@ -22,9 +22,9 @@ from celery_workflow.errors import (
     ResultTimeout,
     RunCancelled,
     RunNotFound,
-    WorkflowFailed,
     WorkflowNotFound,
     WorldError,
+    run_failure,
 )
 from celery_workflow.events import Event, RunStatus, RunView, StepView
 from celery_workflow.runtime.continuation import continued_as
@@ -97,7 +97,7 @@ class Run(Generic[R]):
             value: R = codec.from_json(view.output, returns) if returns is not _ANY else view.output
             return value
         if view.status is RunStatus.FAILED:
-            raise WorkflowFailed(run_id=view.run_id, error=dict(view.error or {}))
+            raise run_failure(view.run_id, dict(view.error or {}))
         if view.status is RunStatus.CANCELLED:
             raise RunCancelled(run_id=view.run_id)
         raise ResultTimeout(f"run {view.run_id} is still {view.status} after {timeout} s")
@@ -298,7 +298,7 @@ class HTTPRun:
             if status is RunStatus.COMPLETED:
                 return run["output"]
             if status is RunStatus.FAILED:
-                raise WorkflowFailed(run_id=current.id, error=dict(run["error"] or {}))
+                raise run_failure(current.id, dict(run["error"] or {}))
             if status is RunStatus.CANCELLED:
                 raise RunCancelled(run_id=current.id)
             if deadline is not None and time.monotonic() >= deadline:

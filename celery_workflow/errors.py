@@ -31,10 +31,12 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     ├── HookConflict                a hook's token is owned by another live hook
     ├── StepFailed                  raised inside a workflow when a step failed for good
     ├── WorkflowFailed              raised by ``Run.result`` for a failed run
+    │   └── RunTimedOut             the run passed its deadline (``@wf.workflow(timeout=...)``)
     ├── RunCancelled                raised by ``Run.result`` for a cancelled run
     ├── ResultTimeout               ``Run.result(timeout=...)`` ran out of time
     ├── FatalError                  raised by user code: fail the step without retrying
-    └── RetryableError              raised by user code: retry the step, optionally after a delay
+    ├── RetryableError              raised by user code: retry the step, optionally after a delay
+    └── StepTimedOut                a step attempt ran past its ``timeout`` (a failed attempt, retried)
 
 The class docstring is the default message.
 
@@ -257,3 +259,24 @@ class RetryableError(CeleryWorkflowError):
     def __init__(self, message: str | None = None, *, retry_after: float | timedelta | datetime | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+# -- issue #30, item 4: deadlines ------------------------------------------------------------------------------------
+
+
+class RunTimedOut(WorkflowFailed):
+    """The run passed its deadline (``@wf.workflow(timeout=...)``): it failed, and its steps are no longer run.
+
+    Raised by ``Run.result`` for a run whose recorded error is this type (see :func:`run_failure`)."""
+
+
+class StepTimedOut(CeleryWorkflowError):
+    """A step attempt ran past its ``timeout``: a failed attempt, retried like any other until ``max_retries``."""
+
+
+def run_failure(run_id: str, error: dict[str, Any]) -> WorkflowFailed:
+    """The exception ``Run.result`` raises for a failed run with the recorded ``error``: :class:`RunTimedOut` for a
+    run that passed its deadline, :class:`WorkflowFailed` for any other failure."""
+    if error.get("type") == f"{__name__}.{RunTimedOut.__qualname__}":
+        return RunTimedOut(run_id=run_id, error=error)
+    return WorkflowFailed(run_id=run_id, error=error)

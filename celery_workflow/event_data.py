@@ -11,11 +11,11 @@ The view is checked at the log's edges (:mod:`celery_workflow.events`): when an 
 refused both ways. An unknown field is refused when writing (this version wrote it, so it is a mistake: a misspelt
 optional field would otherwise be stored and never read) and ignored when reading (it stays in ``data``): optional
 fields have been added release after release (``mode``, ``continues``, ``many``, ``keep_credentials``, ``force``,
-``taken_by``, ``token_retention_until``), and a worker of the previous release reading a run a newer one wrote to
+``taken_by``, ``token_retention_until``, ``deadline``), and a worker of the previous release reading a run a newer one wrote to
 during a rolling upgrade must keep working. What an older reader cannot safely ignore comes as a new event type,
 which it refuses (:class:`~celery_workflow.errors.UnknownEventType`).
 
-Times (``resume_at``, ``retry_after``, ``token_retention_until``) are ISO 8601 strings with their offset in ``data``
+Times (``resume_at``, ``retry_after``, ``token_retention_until``, ``deadline``) are ISO 8601 strings with their offset in ``data``
 and aware datetimes in the dataclasses.
 """
 
@@ -197,6 +197,7 @@ class RunCreatedData(EventData):
     input: Any  # {"args": [...], "kwargs": {...}}
     queue: str | None = None
     continues: str | None = None  # the run this one continues (continue_as_new)
+    deadline: datetime | None = None  # when the run times out (``@wf.workflow(timeout=...)``), fixed at creation
 
 
 @_event(EventType.RUN_STARTED)

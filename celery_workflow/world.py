@@ -113,10 +113,12 @@ class NewRun:
     queue: str | None = None
     #: the run this one continues (``continue_as_new``); recorded in its ``run_created``
     continues: str | None = None
+    #: when the run times out (its workflow's ``timeout`` from its creation); recorded in its ``run_created``
+    deadline: datetime | None = None
 
     def event_data(self) -> dict[str, Any]:
         """The data of the run's ``run_created``."""
-        return RunCreatedData(self.workflow_name, self.input, self.queue, self.continues).to_data()
+        return RunCreatedData(self.workflow_name, self.input, self.queue, self.continues, self.deadline).to_data()
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,11 @@ class WorldFault(BaseException):
         self.error = error
 
 
+class TimedOut(BaseException):
+    """The run is past its deadline: the replay stops where it is and the run fails with RunTimedOut (a
+    ``BaseException``, so the workflow's ``except Exception`` cannot keep it going)."""
+
+
 class Refused(BaseException):
     """The World refused a write of this replay as malformed (:class:`EventInvalid`, a value it cannot store): the
     same write would be refused again, so the run fails at once with :attr:`error` as its cause (no retries)."""
@@ -120,3 +125,4 @@ class Outcome:
     kind: Literal["completed", "failed", "suspended", "diverged", "continued"]
     output: Any = None
     error: Mapping[str, Any] | None = None
+    code: str | None = None  # a failure's code in ``run_failed`` (RUN_TIMED_OUT)

@@ -43,6 +43,7 @@ from celery_workflow.event_data import (
     HookReceivedData,
     RunCancelledData,
     RunCompletedData,
+    RunCreatedData,
     RunFailedData,
     StepFailedData,
     StepStartedData,
@@ -54,7 +55,7 @@ from celery_workflow.runtime.context import WebhookRequest
 from celery_workflow.runtime.control import Outcome, Refused, Restart, WorldFault
 from celery_workflow.runtime.effects import RunEnded, WorkflowEffects
 from celery_workflow.runtime.registry import Registry, StepDef
-from celery_workflow.runtime.replay import Replay
+from celery_workflow.runtime.replay import RUN_TIMED_OUT, Replay
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 
 log = logging.getLogger("celery_workflow")
@@ -148,9 +149,25 @@ class Runtime:
         data_input = wdef.signature.encode_args(args, kwargs)
         codec.check_size(data_input, self.max_payload, f"the input of workflow {workflow_name}")
         queue = self.queue_for(workflow_name)
-        new = NewRun(rid, workflow_name, data_input, queue)
+        deadline = self.clock() + wdef.timeout if wdef.timeout is not None else None
+        new = NewRun(rid, workflow_name, data_input, queue, deadline=deadline)
         first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
-        return self.world.create_run(new, [first])
+        return self.world.create_run(new, [first, *self._deadline_deliveries(new)])
+
+    def _deadline_deliveries(self, new: NewRun) -> list[Delivery]:
+        """The workflow delivery due at a new run's deadline, which fails it then if it is still going (asleep,
+        waiting on a hook or on steps): none for a run without one."""
+        if new.deadline is None:
+            return []
+        return [
+            self.dispatcher.workflow_delivery(
+                new.run_id,
+                new.workflow_name,
+                new.queue or self.default_queue,
+                not_before=new.deadline,
+                idempotency_key=f"deadline:{to_micros(new.deadline)}",
+            )
+        ]
 
     def resume_hook(self, token: str, payload: Any, *, wait: float = 0.0) -> HookView:
         """Deliver ``payload`` to the live hook owning ``token`` and wake its run. HookNotFound if none; WebhookUsed
@@ -333,8 +350,8 @@ class Runtime:
             replay.write([NewEvent.of(RunCompletedData(output=outcome.output))], final=True)
             return "completed"
         if outcome.kind == "failed":
-            replay.write([NewEvent.of(RunFailedData(error=outcome.error or {}))], final=True)
-            return "failed"
+            replay.write([NewEvent.of(RunFailedData(error=outcome.error or {}, code=outcome.code))], final=True)
+            return "timed_out" if outcome.code == RUN_TIMED_OUT else "failed"
         if outcome.kind == "continued":
             return self._hand_over(run, replay, outcome.output)
         if outcome.kind == "diverged":
@@ -374,9 +391,12 @@ class Runtime:
                 not_before=self.clock() + continuation.CHECK_AFTER,
                 idempotency_key="check",
             )
-            new = NewRun(succ, run.workflow_name, successor_input, run.queue, continues=run.run_id)
+            # the successor keeps the chain's deadline (a timeout bounds the whole loop, not each hand-over)
+            new = NewRun(
+                succ, run.workflow_name, successor_input, run.queue, continues=run.run_id, deadline=replay.deadline
+            )
             try:
-                view, created = self.world.create_run(new, [check])
+                view, created = self.world.create_run(new, [check, *self._deadline_deliveries(new)])
             except EntityExists:
                 continue  # the id belongs to another workflow's run
             if created or (view.input == successor_input and view.status is RunStatus.PENDING):
@@ -432,6 +452,9 @@ class Runtime:
             return "ended"
         if step.owner not in (None, delivery_id) and step.status.value == "running":
             return "owned"
+        if self._past_deadline(run):
+            self.world.enqueue([self.wake_delivery(run)])  # the workflow delivery fails the run
+            return "timed_out"
         queue = self._step_queue(run, sdef)
         try:
             res = self.world.append(
@@ -481,6 +504,18 @@ class Runtime:
         except (EventInvalid, PayloadError) as exc:
             return self._refused_step(run, step_id, exc, receipt)
         return "retrying"
+
+    def _past_deadline(self, run: RunView) -> bool:
+        """Whether ``run`` is past the deadline its ``run_created`` records. Read only when the run's workflow, as
+        registered here, has a timeout (one read more per step delivery); the workflow delivery checks the recorded
+        deadline whatever the code says."""
+        wdef = self.registry.workflows.get(run.workflow_name)
+        if wdef is None or wdef.timeout is None:
+            return False
+        first = self.world.list_events(run.run_id, limit=1)
+        created = first[0].body if first else None
+        deadline = created.deadline if isinstance(created, RunCreatedData) else None
+        return deadline is not None and self.clock() >= deadline
 
     def _record_step(self, run: RunView, step_id: str, event: NewEvent, receipt: str | None) -> str:
         try:

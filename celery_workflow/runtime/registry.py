@@ -5,12 +5,25 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from celery_workflow.codec import Signature
 from celery_workflow.errors import ConfigurationError, WorkflowNotFound
 
 _NAME = re.compile(r"^[A-Za-z0-9_\-.@/]{1,200}$")
+
+
+def check_timeout(what: str, timeout: timedelta | float | None) -> timedelta | None:
+    """A ``timeout=`` option as a timedelta (a number is seconds); ConfigurationError unless it is positive."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, timedelta | int | float):
+        raise ConfigurationError(f"{what}: timeout must be a timedelta or a number of seconds, not {timeout!r}")
+    value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+    if not value > timedelta(0):  # NaN compares false too
+        raise ConfigurationError(f"{what}: timeout must be positive, not {timeout!r}")
+    return value
 
 
 def check_name(kind: str, name: str) -> str:
@@ -26,6 +39,9 @@ class StepDef:
     max_retries: int = 3
     queue: str | None = None
     retry_backoff: float = 1.0  # first retry delay in seconds; doubles per attempt, capped at 300 s
+    #: how long one attempt may run: past it the attempt fails (StepTimedOut); the step then runs as its own
+    #: delivery, under the worker's time limits
+    timeout: timedelta | None = None
     signature: Signature = field(init=False)
 
     def __post_init__(self) -> None:
@@ -34,6 +50,7 @@ class StepDef:
             raise ConfigurationError(f"step {self.name}: max_retries must be >= 0")
         if self.retry_backoff < 0:
             raise ConfigurationError(f"step {self.name}: retry_backoff must be >= 0")
+        self.timeout = check_timeout(f"step {self.name}", self.timeout)
         self.signature = Signature(self.func)
 
 
@@ -42,10 +59,13 @@ class WorkflowDef:
     name: str
     func: Callable[..., Any]
     queue: str | None = None
+    #: how long a run may take from its start (recorded as its deadline when it is created)
+    timeout: timedelta | None = None
     signature: Signature = field(init=False)
 
     def __post_init__(self) -> None:
         check_name("workflow", self.name)
+        self.timeout = check_timeout(f"workflow {self.name}", self.timeout)
         self.signature = Signature(self.func)
 
 

@@ -26,10 +26,11 @@ from random import Random
 from typing import Any
 
 from celery_workflow import codec
-from celery_workflow.errors import EventInvalid, PayloadError, StepFailed
+from celery_workflow.errors import EventInvalid, PayloadError, RunTimedOut, StepFailed
 from celery_workflow.event_data import (
     HookCreatedData,
     PatchAppliedData,
+    RunCreatedData,
     RunStartedData,
     StepCompletedData,
     StepCreatedData,
@@ -39,6 +40,7 @@ from celery_workflow.event_data import (
     WaitCreatedData,
 )
 from celery_workflow.events import CREATION_EVENTS, Event, EventType, NewEvent, RunStatus, RunView
+from celery_workflow.ids import isoformat
 from celery_workflow.runtime import context, hooks, steps
 from celery_workflow.runtime.context import Hook, StepFuture, Webhook, WorkflowMetadata
 from celery_workflow.runtime.control import (
@@ -48,6 +50,7 @@ from celery_workflow.runtime.control import (
     Refused,
     Restart,
     Suspend,
+    TimedOut,
     WorldFault,
     brief,
     guarded,
@@ -58,6 +61,10 @@ from celery_workflow.world import DEFAULT_MAX_PAYLOAD, Delivery
 
 #: How often a forced hook claim takes its token over before it gives up (each time another run claimed it first).
 MAX_TAKEOVERS = 3
+
+
+#: The ``code`` of the ``run_failed`` of a run that passed its deadline.
+RUN_TIMED_OUT = "RUN_TIMED_OUT"
 
 
 def _is_successor(cid: str | None) -> bool:
@@ -97,6 +104,8 @@ class Replay:
     open_waits: dict[str, datetime] = field(default_factory=dict)
     #: what each patched() call of this replay answered, in the order they were met
     patches: dict[str, bool] = field(default_factory=dict)
+    #: when the run times out (recorded in its ``run_created``), None without a deadline
+    deadline: datetime | None = field(default=None, init=False)
     #: events written with the next write: a pending run's ``run_started``, completions of inline steps, the creation
     #: and start of a held first step
     deferred: list[NewEvent] = field(default_factory=list)
@@ -108,6 +117,9 @@ class Replay:
         self._metadata = WorkflowMetadata(self.run.run_id, self.run.workflow_name, started, self.base_url)
         loaded, self.events = self.events, []
         self.count = 0
+        first = loaded[0].body if loaded else None
+        if isinstance(first, RunCreatedData):
+            self.deadline = first.deadline
         self._absorb(loaded, written_by_us=False)
         if self.run.status is RunStatus.PENDING:
             self.deferred.append(NewEvent.of(RunStartedData()))
@@ -253,10 +265,15 @@ class Replay:
         token = context.enter_replay(self)
         try:
             try:
+                self.check_deadline()
                 args, kwargs = self.wdef.signature.decode_args(self.run.input)
                 value = self.wdef.func(*args, **kwargs)
+            except TimedOut:
+                return self._timed_out()
             except Suspend:
                 self._check_consumed()
+                if self._past_deadline():
+                    return self._timed_out()
                 return Outcome("suspended")
             except context.ContinueAsNew as cont:
                 self._check_consumed()
@@ -285,6 +302,32 @@ class Replay:
             return Outcome("diverged", error={"type": "ReplayDivergence", "message": exc.message})
         finally:
             context.exit_replay(token)
+
+    # -- deadlines -------------------------------------------------------------------------------------------------
+
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and self.effects.wall_now() >= self.deadline
+
+    def check_deadline(self) -> None:
+        """Raise :class:`TimedOut` once the run is past its deadline: checked when a delivery starts, before a step
+        is scheduled or run and a sleep created, and when the run would suspend."""
+        if self._past_deadline():
+            raise TimedOut()
+
+    def _timed_out(self) -> Outcome:
+        """The run fails with RunTimedOut. What was about to be created (steps, sleeps, hooks, their deliveries) is
+        dropped; results of steps that ran are still written with the failure."""
+        self.pending.clear()
+        self.pending_deliveries.clear()
+        self.inline_new.clear()
+        self.open_waits.clear()
+        assert self.deadline is not None
+        exc = RunTimedOut(
+            f"run {self.run.run_id} of workflow {self.wdef.name} passed its deadline {isoformat(self.deadline)}",
+            run_id=self.run.run_id,
+        )
+        error = {"type": f"{RunTimedOut.__module__}.{RunTimedOut.__qualname__}", "message": str(exc)}
+        return Outcome("failed", error=error, code=RUN_TIMED_OUT)
 
     def _check_consumed(self) -> None:
         if self.cursor < len(self.creations):
@@ -337,10 +380,12 @@ class Replay:
         data_input = sdef.signature.encode_args(args, kwargs)
         ev = self._match(cid)
         if ev is None:
+            self.check_deadline()
             codec.check_size(data_input, self.max_payload, f"the input of step {sdef.name}")
             queued = (
                 not inline
                 or (sdef.queue is not None and sdef.queue != self.run.queue)
+                or sdef.timeout is not None  # run where the worker's time limits apply
                 or not self.effects.inline_allowed()
             )
             data = StepCreatedData(
@@ -425,6 +470,7 @@ class Replay:
         crash_loop = steps.exceeded_starts(sdef, cid, attempt)
         if crash_loop is not None:
             return self._consume_terminal(self._write_now([crash_loop])[-1], hint)
+        self.check_deadline()
         outcome = guarded(lambda: self.effects.execute_step(sdef, cid, data_input, attempt, started_at))
         event, when = steps.record(sdef, cid, outcome, attempt, self.effects.wall_now())
         if event.event_type is EventType.STEP_COMPLETED and self.effects.defer_writes:
@@ -453,6 +499,7 @@ class Replay:
         cid = self._next_id("wait")
         ev = self._match(cid)
         if ev is None:
+            self.check_deadline()
             resume_at = self.clock + timedelta(seconds=max(0.0, seconds))
             created = NewEvent.of(WaitCreatedData(resume_at=resume_at), cid)
             if resume_at <= self.effects.wall_now():

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery_workflow import codec
-from celery_workflow.errors import FatalError, InvalidWebhookResponse, PayloadError, RetryableError, WorldError
+from celery_workflow.errors import (
+    FatalError,
+    InvalidWebhookResponse,
+    PayloadError,
+    RetryableError,
+    StepTimedOut,
+    WorldError,
+)
 from celery_workflow.event_data import StepCompletedData, StepFailedData, StepRetryingData
 from celery_workflow.events import NewEvent
 from celery_workflow.runtime import context
@@ -80,6 +88,7 @@ def execute(
         return StepOutcome(ok=False, error=error_info(exc), fatal=True)
     meta = StepMetadata(step_id, sdef.name, attempt, run_id, workflow_name, started_at)
     token = context.enter_step(StepContext(world=world, metadata=meta))
+    began = time.monotonic()
     try:
         value = sdef.func(*args, **kwargs)
         result = codec.to_json(value)
@@ -94,11 +103,28 @@ def execute(
         return StepOutcome(ok=False, error=error_info(exc), fatal=True)
     except WorldError:
         raise
-    except Exception as exc:
-        return StepOutcome(ok=False, error=error_info(exc))
+    except Exception as exc:  # Celery's SoftTimeLimitExceeded too: past the timeout, it is StepTimedOut
+        late = _timed_out(sdef, attempt, began, exc)
+        return StepOutcome(ok=False, error=error_info(late if late is not None else exc))
     finally:
         context.exit_step(token)
+    late = _timed_out(sdef, attempt, began, None)
+    if late is not None:  # it returned, but too late: the attempt failed (its result is not recorded)
+        return StepOutcome(ok=False, error=error_info(late))
     return StepOutcome(ok=True, result=result)
+
+
+def _timed_out(sdef: StepDef, attempt: int, began: float, raised: Exception | None) -> StepTimedOut | None:
+    """StepTimedOut when an attempt of a step with a ``timeout`` ran past it (whether it then returned or raised,
+    e.g. the SoftTimeLimitExceeded of a worker's time limit), else None."""
+    if sdef.timeout is None:
+        return None
+    took = time.monotonic() - began
+    limit = sdef.timeout.total_seconds()
+    if took < limit:
+        return None
+    how = f"; it raised {type(raised).__name__}: {raised}" if raised is not None else ""
+    return StepTimedOut(f"attempt {attempt} of step {sdef.name} ran {took:.3f} s, past its timeout of {limit:g} s{how}")
 
 
 def exceeded_starts(sdef: StepDef, step_id: str, attempt: int) -> NewEvent | None:

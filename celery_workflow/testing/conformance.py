@@ -31,7 +31,9 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * fan-outs wider than one append (:class:`FanOutConformance`): the runtime splits what one delivery writes within
   the World's declared ``append_limits``, a failure between two appends is recovered, and the limits hold;
 * versioned code (:class:`VersioningConformance`): ``patched()`` keeps an old run on its old path and records the
-  new path of a new run, read back by its later deliveries.
+  new path of a new run, read back by its later deliveries;
+* deadlines (:class:`DeadlineConformance`): a run past its deadline fails with ``RunTimedOut`` (woken from a sleep or
+  a hook wait; its queued steps do not run), a step attempt past its timeout is a failed attempt.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
 deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
@@ -53,6 +55,7 @@ from celery_workflow.testing.conformance_concurrency import (
     StreamConformance,
     WaitForTerminalConformance,
 )
+from celery_workflow.testing.conformance_deadlines import DeadlineConformance
 from celery_workflow.testing.conformance_fanout import FanOutConformance
 from celery_workflow.testing.conformance_faults import FaultConformance
 from celery_workflow.testing.conformance_queue import QueueConformance
@@ -69,6 +72,7 @@ from celery_workflow.testing.conformance_versions import VersioningConformance
 __all__ = [
     "ConcurrencyConformance",
     "Conformance",
+    "DeadlineConformance",
     "FanOutConformance",
     "FaultConformance",
     "HookRulesConformance",
@@ -100,5 +104,6 @@ class WorldConformance(
     FaultConformance,
     FanOutConformance,
     VersioningConformance,
+    DeadlineConformance,
 ):
     """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""
