@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,9 +21,14 @@ def check_timeout(what: str, timeout: timedelta | float | None) -> timedelta | N
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, timedelta | int | float):
         raise ConfigurationError(f"{what}: timeout must be a timedelta or a number of seconds, not {timeout!r}")
-    value = timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
-    if not value > timedelta(0):  # NaN compares false too
-        raise ConfigurationError(f"{what}: timeout must be positive, not {timeout!r}")
+    if isinstance(timeout, timedelta):
+        value = timeout
+    elif math.isfinite(timeout):
+        value = timedelta(seconds=timeout)
+    else:
+        value = timedelta(0)  # NaN and infinities are no duration
+    if not value > timedelta(0):
+        raise ConfigurationError(f"{what}: timeout must be a positive duration, not {timeout!r}")
     return value
 
 
