@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
+from celery.exceptions import SoftTimeLimitExceeded
 from kombu import serialization
 
 from celery_workflow import task_names, worker_setup
@@ -208,6 +209,7 @@ class Workflows:
             inline_budget=inline_budget,
             durability=durability,
         )
+        self.runtime.timeout_errors = (SoftTimeLimitExceeded,)  # a step's timeout, as Celery's time limit raises it
         for name, queue in {**self.world.routes, **(routes or {})}.items():
             self.route(name, queue)
         if configure_broker:

@@ -118,6 +118,9 @@ class Runtime:
         #: the World's ``max_payload``: inputs, step results, run outputs and hook payloads are checked against it
         #: where they are produced, so none is refused by an append after its side effects
         self.max_payload = steps.payload_limit(world)
+        #: exceptions a worker's time limit raises in a step body (Celery's SoftTimeLimitExceeded, set by app.py): an
+        #: attempt of a step with a timeout that raises one is StepTimedOut
+        self.timeout_errors: tuple[type[BaseException], ...] = ()
 
     # -- queues ----------------------------------------------------------------------------------------------------
 
@@ -490,6 +493,7 @@ class Runtime:
             data_input=step.input,
             attempt=n,
             started_at=started.created_at,
+            timeout_errors=self.timeout_errors,
         )
         event, when = steps.record(sdef, step_id, outcome, n, self.clock())
         if when is None:

@@ -74,6 +74,7 @@ def execute(
     data_input: Any,
     attempt: int,
     started_at: datetime,
+    timeout_errors: tuple[type[BaseException], ...] = (),
 ) -> StepOutcome:
     """Run the step body once in a step context. User exceptions become outcomes; BaseExceptions propagate, and so
     do World errors (a stream write that found the World unavailable): they are not the step's outcome; the delivery
@@ -81,6 +82,10 @@ def execute(
 
     A result the World cannot store (over its ``max_payload``) is a fatal :class:`PayloadTooLarge` outcome, checked
     here before anything is appended: the same code would return the same size, so it is not retried.
+
+    A step with a ``timeout`` whose attempt ran past it, or raised one of ``timeout_errors`` (the worker's time limit
+    interrupting it: Celery's SoftTimeLimitExceeded, which counts from when the worker started the task), fails with
+    :class:`StepTimedOut`.
     """
     try:
         args, kwargs = sdef.signature.decode_args(data_input)
@@ -104,26 +109,28 @@ def execute(
     except WorldError:
         raise
     except Exception as exc:  # Celery's SoftTimeLimitExceeded too: past the timeout, it is StepTimedOut
-        late = _timed_out(sdef, attempt, began, exc)
+        late = _timed_out(sdef, attempt, began, exc, interrupted=isinstance(exc, timeout_errors))
         return StepOutcome(ok=False, error=error_info(late if late is not None else exc))
     finally:
         context.exit_step(token)
-    late = _timed_out(sdef, attempt, began, None)
+    late = _timed_out(sdef, attempt, began, None, interrupted=False)
     if late is not None:  # it returned, but too late: the attempt failed (its result is not recorded)
         return StepOutcome(ok=False, error=error_info(late))
     return StepOutcome(ok=True, result=result)
 
 
-def _timed_out(sdef: StepDef, attempt: int, began: float, raised: Exception | None) -> StepTimedOut | None:
-    """StepTimedOut when an attempt of a step with a ``timeout`` ran past it (whether it then returned or raised,
-    e.g. the SoftTimeLimitExceeded of a worker's time limit), else None."""
+def _timed_out(
+    sdef: StepDef, attempt: int, began: float, raised: Exception | None, *, interrupted: bool
+) -> StepTimedOut | None:
+    """StepTimedOut when an attempt of a step with a ``timeout`` ran past it (whether it then returned or raised) or
+    was ``interrupted`` by the worker's time limit, else None."""
     if sdef.timeout is None:
         return None
     took = time.monotonic() - began
     limit = sdef.timeout.total_seconds()
-    if took < limit:
+    if took < limit and not interrupted:
         return None
-    how = f"; it raised {type(raised).__name__}: {raised}" if raised is not None else ""
+    how = f"; it raised {type(raised).__name__}: {raised!r}" if raised is not None else ""
     return StepTimedOut(f"attempt {attempt} of step {sdef.name} ran {took:.3f} s, past its timeout of {limit:g} s{how}")
 
 
