@@ -15,7 +15,7 @@ from celery import Celery
 from flask import Flask
 from flask.testing import FlaskClient
 
-from celery_workflow import Workflows, continue_as_new, create_hook, create_webhook, get_writable, sleep
+from celery_workflow import Workflows, continue_as_new, create_hook, create_webhook, get_writable, patched, sleep
 from celery_workflow.api import inspector_blueprint
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.events import EventType
@@ -83,6 +83,10 @@ def register(wf: Workflows) -> None:
         if n < 1:
             continue_as_new(n + 1)
         return n
+
+    @wf.workflow
+    def changed(name: str) -> str:
+        return hello(name) if patched("greet-by-name") else "hi"
 
 
 @pytest.fixture
@@ -488,6 +492,15 @@ def test_a_run_that_continued_as_new_links_to_its_successor_and_back(wf: Workflo
     second = http.get(f"{PREFIX}/runs/relay~1").get_data(as_text=True)
     assert "<dt>Continues</dt>" in second and f'href="{PREFIX}/runs/relay">relay</a>' in second
     assert run.result() == 1
+
+
+def test_the_timeline_shows_a_change_the_run_took(wf: Workflows, worker: LocalWorker) -> None:
+    run = wf.start("changed", "ada")
+    worker.run_until_complete(run)
+    page = client(wf).get(f"{PREFIX}/runs/{run.id}").get_data(as_text=True)
+    line = page.split('data-id="patch:greet-by-name"')[1].split("</li>")[0]
+    assert "patch" in line and "greet-by-name" in line and "applied" in line
+    assert page.index('data-id="patch:greet-by-name"') < page.index('data-id="step:hello:1"')
 
 
 def test_the_live_tail_streams_chunks_then_ends(wf: Workflows, worker: LocalWorker) -> None:
