@@ -456,6 +456,7 @@ class Replay:
         )
 
     def _run_inline(self, cid: str, sdef: StepDef, data_input: Any, create: list[NewEvent], hint: Any) -> Any:
+        self.check_deadline()  # no attempt starts past the run's deadline
         started_ev = NewEvent.of(StepStartedData(owner=self.effects.delivery_id), cid)
         if create and self._may_hold(sdef):
             # The first step of a run nothing has written to yet: its creation and start ride with the run's start
@@ -470,7 +471,6 @@ class Replay:
         crash_loop = steps.exceeded_starts(sdef, cid, attempt)
         if crash_loop is not None:
             return self._consume_terminal(self._write_now([crash_loop])[-1], hint)
-        self.check_deadline()
         outcome = guarded(lambda: self.effects.execute_step(sdef, cid, data_input, attempt, started_at))
         event, when = steps.record(sdef, cid, outcome, attempt, self.effects.wall_now())
         if event.event_type is EventType.STEP_COMPLETED and self.effects.defer_writes:
