@@ -83,7 +83,7 @@ def measure(kind: str, version: str, iterations: int, chunk: int, database_url: 
 
     curve = Curve(kind, version)
     with open_world(kind, database_url) as world:
-        wf = Workflows(Celery("long"), world=world, configure_broker=False)
+        wf = Workflows(Celery("long"), world=world, broker="app")
 
         @wf.step
         def tick(i: int) -> int:

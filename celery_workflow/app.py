@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import serialization
+from kombu.utils.url import maybe_sanitize_url
 
 from celery_workflow import task_names, worker_setup
 from celery_workflow.client import Run
@@ -166,12 +168,72 @@ class Step(Generic[P, R]):
         return f"<Step {self.name}>"
 
 
+#: The two values of ``Workflows(broker=...)``.
+BROKER_CHOICES = ("world", "app")
+
+#: Default ``Workflows(relay_lease=...)``: seconds a relayed delivery is leased before it is published again.
+DEFAULT_RELAY_LEASE = 300.0
+
+
+def configured_broker(celery_app: Any) -> str | None:
+    """The broker URL the Celery app was configured with (its password masked), or None when it has none of its own:
+    Celery's default, or a broker a :class:`Workflows` set (one of our transports)."""
+    conf = celery_app.conf
+    transport = conf.broker_transport
+    if isinstance(transport, str) and transport.startswith("celery_workflow."):
+        return None
+    url = conf.broker_url or conf.broker_write_url or conf.broker_read_url or os.environ.get("CELERY_BROKER_URL")
+    if not url and not transport:
+        return None
+    shown = url if isinstance(url, str) else repr(url) if url else f"transport {transport!r}"
+    return str(maybe_sanitize_url(shown)) if isinstance(url, str) else shown
+
+
+def broker_choice(celery_app: Any, broker: str | None, configure_broker: bool | None = None) -> str:
+    """What carries the deliveries: ``broker`` (``"world"`` or ``"app"``) if given; else, from the deprecated
+    ``configure_broker`` (True: ``"world"``, False: ``"app"``, with a DeprecationWarning); else ``"world"`` when the app
+    has no broker of its own. An app with a configured broker and no choice is refused with a ConfigurationError
+    naming both choices: its broker is never replaced silently."""
+    if configure_broker is not None:
+        mapped = "world" if configure_broker else "app"
+        warnings.warn(
+            f"Workflows(configure_broker={configure_broker!r}) is deprecated: use Workflows(..., broker={mapped!r})",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if broker is not None and broker != mapped:
+            raise ConfigurationError(
+                f"Workflows(broker={broker!r}, configure_broker={configure_broker!r}) contradict each other;"
+                f" give broker= alone"
+            )
+        broker = mapped
+    if broker is not None:
+        if broker not in BROKER_CHOICES:
+            raise ConfigurationError(f"Workflows(broker={broker!r}): broker is 'world' or 'app'")
+        return broker
+    url = configured_broker(celery_app)
+    if url is None:
+        return "world"
+    raise ConfigurationError(
+        f"the Celery app {getattr(celery_app, 'main', None) or '?'!r} already has a broker ({url}); say what"
+        " workflow deliveries should use:\n"
+        '  Workflows(app, world, broker="app")    keep this broker: the World keeps each delivery and a relay'
+        " publishes it to this broker when due (in every worker, or `celery -A app workflow relay`);"
+        " plain tasks stay where they are\n"
+        '  Workflows(app, world, broker="world")  replace it with the World\'s queue: plain tasks move there too,'
+        " and nothing consumes this broker any more\n"
+        "(see docs/coming-from-celery.md)"
+    )
+
+
 class Workflows:
     """Durable workflows on a Celery app.
 
     ``world`` is a World or a URL (``sqlite:///path``, ``postgresql://…``); ``None`` means the embedded SQLite World
-    at ``$CELERY_WORKFLOW_URL`` or ``sqlite:///celery_workflow.sqlite3``. The Celery app's broker is set to the
-    World's queue (``broker_transport``/``broker_url``), with prefetch multiplier 1. A worker started without ``-Q``
+    at ``$CELERY_WORKFLOW_URL`` or ``sqlite:///celery_workflow.sqlite3``. ``broker`` says what carries the
+    deliveries (see :func:`broker_choice`): ``"world"`` sets the Celery app's broker to the World's queue
+    (``broker_transport``/``broker_url``, prefetch multiplier 1); ``"app"`` keeps the app's own broker, and a relay
+    (:mod:`celery_workflow.relay`) publishes the World's due deliveries to it. A worker started without ``-Q``
     serves every queue these workflows use (:mod:`celery_workflow.worker_setup`).
     """
 
@@ -186,9 +248,17 @@ class Workflows:
         inline_budget: float = 30.0,
         durability: str = "delivery",
         transport_options: Mapping[str, Any] | None = None,
-        configure_broker: bool = True,
+        broker: str | None = None,
+        configure_broker: bool | None = None,
+        relay_lease: float = DEFAULT_RELAY_LEASE,
     ) -> None:
         self.celery_app = celery_app
+        #: ``"world"`` or ``"app"``: what carries this app's workflow deliveries (see :func:`broker_choice`).
+        self.broker = broker_choice(celery_app, broker, configure_broker)
+        if relay_lease <= 0:
+            raise ConfigurationError(f"relay_lease must be a positive number of seconds, not {relay_lease!r}")
+        #: How long a relayed delivery stays leased in the World before the relay publishes it again (broker="app").
+        self.relay_lease = float(relay_lease)
         if world is None:
             world = os.environ.get("CELERY_WORKFLOW_URL") or DEFAULT_URL
         self.world: World = open_world(world) if isinstance(world, str) else world
@@ -212,7 +282,7 @@ class Workflows:
         self.runtime.timeout_errors = (SoftTimeLimitExceeded,)  # a step's timeout, as Celery's time limit raises it
         for name, queue in {**self.world.routes, **(routes or {})}.items():
             self.route(name, queue)
-        if configure_broker:
+        if self.broker == "world":
             self._configure_celery(transport_options or {})
         worker_setup.connect_worker_signals(self)  # queues without -Q, pools per process, upkeep
         try:

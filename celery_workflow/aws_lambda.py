@@ -5,7 +5,7 @@
 
     # worker.py: the SQS event source mapping's function (with ReportBatchItemFailures)
     from celery_workflow.aws_lambda import queue_handler
-    from myapp import wf                     # Workflows(Celery("app"), world=AWSWorld.from_env(), configure_broker=False)
+    from myapp import wf                     # Workflows(Celery("app"), world=AWSWorld.from_env(), broker="app")
 
     handler = queue_handler(wf)
 

@@ -28,7 +28,7 @@ is ``$CELERY_WORKFLOW_URL`` (unset: an embedded SQLite file in the current direc
 
 On Lambda, ``examples.task_status.handler`` is the invoke function and ``examples.task_status.api_handler`` the RPC
 behind a Function URL (add your authentication); the deliveries run on ``celery worker`` processes, or on a function
-of ``celery_workflow.aws_lambda.queue_handler(wf)`` with ``Workflows(..., configure_broker=False)``.
+of ``celery_workflow.aws_lambda.queue_handler(wf)`` with ``Workflows(..., broker="app")``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 def as_workflows(target: Workflows | World) -> Workflows:
     """``target`` itself, or a Workflows around a World.
 
-    A World alone is wrapped with a Celery app of its own (``configure_broker=False``: the broker settings are left
+    A World alone is wrapped with a Celery app of its own (``broker="app"``: the broker settings are left
     alone and no task is registered). The inspector only needs it to build the message that wakes a run whose hook it
     resumes: a ``workflow.<name>`` task message for the run's queue, which is the same whatever app builds it.
     """
@@ -39,7 +39,7 @@ def as_workflows(target: Workflows | World) -> Workflows:
         raise ConfigurationError(f"the inspector needs a Workflows or a World, not {type(target).__name__}")
     from celery import Celery  # the message builder only: no broker connection is made
 
-    return Workflows(Celery("celery_workflow_inspector"), target, configure_broker=False)
+    return Workflows(Celery("celery_workflow_inspector"), target, broker="app")
 
 
 def make_app(

@@ -98,7 +98,7 @@ class _Appends:
 
 class _Flows:
     def __init__(self, world: World) -> None:
-        self.wf = Workflows(Celery("fanout"), world=world, configure_broker=False)
+        self.wf = Workflows(Celery("fanout"), world=world, broker="app")
         self.ran: Counter[int] = Counter()
         ran, lock = self.ran, threading.Lock()
 

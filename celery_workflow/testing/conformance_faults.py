@@ -91,7 +91,7 @@ class FaultConformance(Conformance):
 
     @pytest.fixture
     def harness(self, world: World) -> Iterator[Harness]:
-        wf = Workflows(Celery("faults"), world=world, configure_broker=False)
+        wf = Workflows(Celery("faults"), world=world, broker="app")
         faults = Faults(world)
         worker = LocalWorker(wf, backoff=lambda attempts: 0.05)
         try:

@@ -4,7 +4,7 @@ It claims deliveries from the World's queue like a worker's transport does, deco
 World stored, and calls the same handlers the Celery tasks call. Use it with the in-memory World for fast unit tests
 of your workflows::
 
-    wf = Workflows(Celery("test"), world=MemoryWorld(), configure_broker=False)
+    wf = Workflows(Celery("test"), world=MemoryWorld(), broker="app")
     ...
     run = my_workflow.start(1, 2)
     LocalWorker(wf).run_until_complete(run)

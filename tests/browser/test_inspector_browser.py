@@ -93,7 +93,7 @@ def register(wf: Workflows) -> None:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     path = tmp_path_factory.mktemp("browser") / "inspector.sqlite3"
-    wf = Workflows(Celery("inspector-browser"), world=f"sqlite:///{path}", configure_broker=False)
+    wf = Workflows(Celery("inspector-browser"), world=f"sqlite:///{path}", broker="app")
     register(wf)
     worker = LocalWorker(wf)
     runs = {name: wf.start(name, *args).id for name, args in (("retried", (1200,)), ("napping", ()))}

@@ -25,7 +25,7 @@ from tests.histories.workflows import (
     stamp,
 )
 
-changed = Workflows(Celery("histories-changed"), world=MemoryWorld(), configure_broker=False, base_url=BASE_URL)
+changed = Workflows(Celery("histories-changed"), world=MemoryWorld(), broker="app", base_url=BASE_URL)
 
 
 @changed.workflow

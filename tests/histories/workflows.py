@@ -57,7 +57,7 @@ class ManualClock:
 
 clock = ManualClock(START)
 world = MemoryWorld(clock=clock)
-wf = Workflows(Celery("histories"), world=world, configure_broker=False, base_url=BASE_URL)
+wf = Workflows(Celery("histories"), world=world, broker="app", base_url=BASE_URL)
 wf.runtime.clock = clock  # retry times and sleep decisions follow the same clock as the World
 
 

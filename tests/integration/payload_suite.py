@@ -24,7 +24,7 @@ def sized(n: int) -> str:
 
 
 def check_payload_limits(world: World, *, timeout: float = 30.0) -> None:
-    wf = Workflows(Celery("payload-limits"), world=world, configure_broker=False)
+    wf = Workflows(Celery("payload-limits"), world=world, broker="app")
     worker = LocalWorker(wf)
     limit = world.max_payload
     pad = "p" * (limit - 200)  # an input about as large as the limit, stored beside each value

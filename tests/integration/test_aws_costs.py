@@ -168,7 +168,7 @@ def test_a_workflow_run_is_counted_end_to_end(aws: Aws) -> None:
     dynamodb = counter.attach(boto3.client("dynamodb", endpoint_url=aws.endpoint, **CREDENTIALS))
     sqs = counter.attach(boto3.client("sqs", endpoint_url=aws.endpoint, **CREDENTIALS))
     counter.attach(aws.scheduler)
-    wf = Workflows(Celery("costs"), world=AWSWorld(aws.config(), dynamodb, sqs), configure_broker=False)
+    wf = Workflows(Celery("costs"), world=AWSWorld(aws.config(), dynamodb, sqs), broker="app")
 
     @wf.step
     def add(a: int, b: int) -> int:

@@ -34,7 +34,7 @@ def world_fixture(aws: Aws) -> Iterator[AWSWorld]:
 
 
 def test_a_gather_of_40_steps_completes(world: AWSWorld) -> None:
-    wf = Workflows(Celery("awsfan"), world=world, configure_broker=False)
+    wf = Workflows(Celery("awsfan"), world=world, broker="app")
 
     @wf.step
     def one(i: int) -> int:
@@ -98,7 +98,7 @@ def test_an_append_over_4_mb_is_event_invalid_and_writes_nothing(world: AWSWorld
 def test_a_gather_over_4_mb_is_split_by_the_runtime(world: AWSWorld) -> None:
     """What the runtime writes for one delivery is split within the World's 4 MB as well as its 100 actions: a gather
     of 14 steps with 150 KB arguments each completes (issue #27, item 7)."""
-    wf = Workflows(Celery("awsfan4mb"), world=world, configure_broker=False)
+    wf = Workflows(Celery("awsfan4mb"), world=world, broker="app")
 
     @wf.step
     def size(text: str) -> int:
@@ -171,7 +171,7 @@ class _Died(BaseException):
 
 
 def _fan_out(world: AWSWorld, name: str) -> tuple[Workflows, Any, LocalWorker]:
-    wf = Workflows(Celery(name), world=world, configure_broker=False)
+    wf = Workflows(Celery(name), world=world, broker="app")
 
     @wf.step
     def one(i: int) -> int:
@@ -277,7 +277,7 @@ def test_a_split_fan_out_on_a_fifo_queue_completes(aws: Aws) -> None:
     """On a FIFO queue (one message of a run at a time) the split write holds and ends its hold the same way."""
     ordered = aws.queue("ordered.fifo", fifo=True)
     world = aws.world(queues={"ordered": ordered})
-    wf = Workflows(Celery("awsholdfifo"), world=world, configure_broker=False)
+    wf = Workflows(Celery("awsholdfifo"), world=world, broker="app")
 
     @wf.step(queue="ordered")
     def one(i: int) -> int:

@@ -65,7 +65,7 @@ class Injector:
 
 @pytest.fixture
 def wf(aws: Aws) -> Iterator[Workflows]:
-    workflows = Workflows(Celery("aws-faults"), world=aws.world(), configure_broker=False)
+    workflows = Workflows(Celery("aws-faults"), world=aws.world(), broker="app")
     yield workflows
     workflows.close()
 

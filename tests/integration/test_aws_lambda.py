@@ -59,7 +59,7 @@ def sqs_event(aws: Aws, *, visibility: int = 30, wanted: int = 10) -> dict[str, 
 
 @pytest.fixture
 def wf(aws: Aws) -> Iterator[Workflows]:
-    app = Workflows(Celery("lambda-app"), world=aws.world(), configure_broker=False)
+    app = Workflows(Celery("lambda-app"), world=aws.world(), broker="app")
 
     @app.step
     def double(n: int) -> int:
@@ -122,7 +122,7 @@ def test_the_queue_handler_runs_workflows_to_completion(aws: Aws, wf: Workflows)
 
 
 def test_failures_are_reported_per_message_and_backed_off(aws: Aws, wf: Workflows) -> None:
-    other = Workflows(Celery("other-app"), world=wf.world, configure_broker=False)
+    other = Workflows(Celery("other-app"), world=wf.world, broker="app")
 
     @other.workflow
     def unknown_here() -> int:

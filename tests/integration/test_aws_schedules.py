@@ -93,7 +93,7 @@ def test_a_delivered_timer_leaves_the_runs_schedules(aws: Aws, monkeypatch: pyte
 
 
 def test_cancelling_a_sleeping_run_deletes_its_timer(aws: Aws) -> None:
-    wf = Workflows(Celery("aws-schedules"), world=aws.world(), configure_broker=False)
+    wf = Workflows(Celery("aws-schedules"), world=aws.world(), broker="app")
 
     @wf.workflow
     def nap() -> str:

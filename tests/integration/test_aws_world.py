@@ -111,11 +111,11 @@ def test_a_valid_configuration_routes_and_knows_its_queues(aws: Aws) -> None:
     assert world.queue_names == {"celery", "backfill"} and world.routes == {"nightly": "backfill"}
     with pytest.raises(ConfigurationError, match="no SQS queue named 'nowhere'"):
         world.enqueue([Delivery("nowhere", b"x")])
-    wf = Workflows(Celery("aws-config"), world=world, configure_broker=False)
+    wf = Workflows(Celery("aws-config"), world=world, broker="app")
     assert wf.routes == {"nightly": "backfill"}
     # the config's base_url (WORKFLOW_BASE_URL) builds webhook URLs, unless Workflows is given its own
     assert wf.base_url == wf.runtime.base_url == "https://workflows.example.com/v1/workflow"
-    own = Workflows(Celery("aws-own"), world=world, configure_broker=False, base_url="https://elsewhere/v1")
+    own = Workflows(Celery("aws-own"), world=world, broker="app", base_url="https://elsewhere/v1")
     assert own.runtime.base_url == "https://elsewhere/v1"
     with pytest.raises(ConfigurationError, match="does not have"):
         wf.route("x", "nowhere")

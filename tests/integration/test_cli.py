@@ -43,7 +43,7 @@ def url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def wf(url: str) -> Iterator[Workflows]:
-    workflows = Workflows(Celery("cli"), world=url, configure_broker=False)
+    workflows = Workflows(Celery("cli"), world=url, broker="app")
     yield workflows
     workflows.close()
 

@@ -34,7 +34,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def wf(url: str) -> Iterator[Workflows]:
-    workflows = Workflows(Celery("dead"), world=url, configure_broker=False)
+    workflows = Workflows(Celery("dead"), world=url, broker="app")
     yield workflows
     workflows.close()
 

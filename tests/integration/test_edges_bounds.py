@@ -38,7 +38,7 @@ RESULT = 300_000
 
 @pytest.fixture
 def wf(tmp_path: Path) -> Iterator[Workflows]:
-    workflows = Workflows(Celery("bounds"), world=SQLiteWorld(tmp_path / "world.db"), configure_broker=False)
+    workflows = Workflows(Celery("bounds"), world=SQLiteWorld(tmp_path / "world.db"), broker="app")
 
     @workflows.step
     def produce(n: int) -> str:

@@ -59,9 +59,7 @@ BAD_RESPONSES: list[dict[str, Any]] = [
 
 
 def make_wf(world: Any) -> Workflows:
-    wf = Workflows(
-        Celery("hostile"), world=world, configure_broker=False, base_url="https://x.test/wf", queues=["packing"]
-    )
+    wf = Workflows(Celery("hostile"), world=world, broker="app", base_url="https://x.test/wf", queues=["packing"])
 
     @wf.workflow
     def echo(x: int) -> int:

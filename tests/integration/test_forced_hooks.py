@@ -25,24 +25,24 @@ from tests.integration.aws_fixtures import aws_fixture, moto_fixture  # noqa: F4
 def wf(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workflows]:
     if request.param == "aws":
         aws = request.getfixturevalue("aws")
-        workflows = Workflows(Celery("forced"), world=aws.world(), configure_broker=False)
+        workflows = Workflows(Celery("forced"), world=aws.world(), broker="app")
         yield workflows
         workflows.close()
         return
     if request.param == "memory":
-        workflows = Workflows(Celery("forced"), world=MemoryWorld(), configure_broker=False)
+        workflows = Workflows(Celery("forced"), world=MemoryWorld(), broker="app")
         yield workflows
         workflows.close()
         return
     if request.param == "sqlite":
-        workflows = Workflows(Celery("forced"), world=f"sqlite:///{tmp_path / 'f.sqlite3'}", configure_broker=False)
+        workflows = Workflows(Celery("forced"), world=f"sqlite:///{tmp_path / 'f.sqlite3'}", broker="app")
         yield workflows
         workflows.close()
         return
     from tests.integration import pg_fixtures
 
     with pg_fixtures.fresh_schema("cw_forced") as schema:
-        workflows = Workflows(Celery("forced"), world=pg_fixtures.schema_url(schema), configure_broker=False)
+        workflows = Workflows(Celery("forced"), world=pg_fixtures.schema_url(schema), broker="app")
         yield workflows
         workflows.close()
 

@@ -42,7 +42,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def wf(url: str) -> Iterator[Workflows]:
-    workflows = Workflows(Celery("inspector"), world=url, configure_broker=False, base_url="https://wf.example.test")
+    workflows = Workflows(Celery("inspector"), world=url, broker="app", base_url="https://wf.example.test")
     register(workflows)
     yield workflows
     workflows.close()
@@ -565,7 +565,7 @@ def test_serve_answers_only_loopback_names_when_bound_to_loopback(wf: Workflows)
 
 
 def test_the_inspector_works_on_the_aws_world(aws: Aws) -> None:
-    workflows = Workflows(Celery("inspector-aws"), world=aws.world(), configure_broker=False)
+    workflows = Workflows(Celery("inspector-aws"), world=aws.world(), broker="app")
     register(workflows)
     worker = LocalWorker(workflows)
     done = workflows.start("greet", "ann")

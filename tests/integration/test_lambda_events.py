@@ -90,7 +90,7 @@ MALFORMED: dict[str, Any] = {
 
 @pytest.fixture
 def handler(tmp_path: Path) -> Iterator[Callable[[Any, Any], dict[str, Any]]]:
-    wf = Workflows(Celery("lambda-http"), world=SQLiteWorld(tmp_path / "world.db"), configure_broker=False)
+    wf = Workflows(Celery("lambda-http"), world=SQLiteWorld(tmp_path / "world.db"), broker="app")
     yield http_handler(wf)
     wf.close()
 

@@ -63,7 +63,7 @@ def test_a_statement_over_the_parameter_limit_is_refused_before_it_is_sent(world
 
 
 def test_the_first_delivery_of_a_10000_step_fan_out_creates_every_step_with_its_delivery(world: PostgresWorld) -> None:
-    wf = Workflows(Celery("pgfan"), world=world, configure_broker=False)
+    wf = Workflows(Celery("pgfan"), world=world, broker="app")
 
     @wf.step
     def one(i: int) -> int:

@@ -229,7 +229,7 @@ def test_a_new_runs_quick_first_step_is_one_round_trip_with_its_end(pg_url: str,
     from celery_workflow.testing import LocalWorker
     from celery_workflow.world import Claim
 
-    wf = Workflows(Celery("held"), world=PostgresWorld.open(pg_url), configure_broker=False)
+    wf = Workflows(Celery("held"), world=PostgresWorld.open(pg_url), broker="app")
     try:
 
         @wf.step

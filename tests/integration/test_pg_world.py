@@ -356,7 +356,7 @@ def test_configuration_and_open_world(pg_url: str) -> None:
         PostgresWorld.open(pg_url, no_such_setting=1)
     routed = PostgresWorld.open(pg_url, routes={"nightly": "backfill"})
     try:  # the config's routes are not silently ignored: Workflows applies them
-        assert Workflows(Celery("routed"), world=routed, configure_broker=False).routes == {"nightly": "backfill"}
+        assert Workflows(Celery("routed"), world=routed, broker="app").routes == {"nightly": "backfill"}
     finally:
         routed.close()
     for bad in ({"poll_interval": 0}, {"concurrency": 0}, {"lease": -1.0}, {"retention": timedelta(0)}):
@@ -726,7 +726,7 @@ def test_every_setting_of_the_config_is_used(pg_url: str) -> None:
     )
     try:
         assert world.db.pool.max_size == 3 + 5
-        wf = Workflows(Celery("pg-config"), world=world, configure_broker=False, queues=["celery", "backfill"])
+        wf = Workflows(Celery("pg-config"), world=world, broker="app", queues=["celery", "backfill"])
         assert wf.routes == {"nightly": "backfill"}
 
         @wf.workflow

@@ -36,7 +36,7 @@ def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
 
 @pytest.mark.timeout(10)
 def test_a_finished_runs_unclosed_stream_is_read_without_waiting(world: World) -> None:
-    wf = Workflows(Celery("streams"), world=world, configure_broker=False)
+    wf = Workflows(Celery("streams"), world=world, broker="app")
 
     @wf.step
     def note(text: str) -> None:

@@ -216,7 +216,7 @@ def schema() -> Iterator[str]:
 
 
 def _workflows(world: PostgresWorld) -> Workflows:
-    wf = Workflows(Celery("unavailable"), world=world, configure_broker=False, base_url="https://x.test/wf")
+    wf = Workflows(Celery("unavailable"), world=world, broker="app", base_url="https://x.test/wf")
 
     @wf.workflow
     def noop() -> None:

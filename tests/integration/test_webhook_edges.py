@@ -62,7 +62,7 @@ def wf(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workflows]:
 
             schema = stack.enter_context(pg_fixtures.fresh_schema("cw_webhook"))
             world = PostgresWorld.open(pg_fixtures.schema_url(schema))
-        workflows = Workflows(Celery("webhooks"), world=world, configure_broker=False, base_url="https://x.test/wf")
+        workflows = Workflows(Celery("webhooks"), world=world, broker="app", base_url="https://x.test/wf")
         stack.callback(workflows.world.close)
         _register(workflows)
         yield workflows

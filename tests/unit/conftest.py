@@ -11,9 +11,7 @@ from celery_workflow.testing import LocalWorker, MemoryWorld
 
 @pytest.fixture
 def wf() -> Iterator[Workflows]:
-    workflows = Workflows(
-        Celery("unit"), world=MemoryWorld(), configure_broker=False, base_url="https://example.test/wf"
-    )
+    workflows = Workflows(Celery("unit"), world=MemoryWorld(), broker="app", base_url="https://example.test/wf")
     yield workflows
     workflows.close()
 

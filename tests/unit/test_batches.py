@@ -215,7 +215,7 @@ def test_the_memory_world_refuses_an_append_over_its_limits() -> None:
 
 
 def workflows(world: MemoryWorld) -> tuple[Workflows, Any, Counter[int]]:
-    wf = Workflows(Celery("batches"), world=world, configure_broker=False)
+    wf = Workflows(Celery("batches"), world=world, broker="app")
     ran: Counter[int] = Counter()
 
     @wf.step

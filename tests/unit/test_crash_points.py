@@ -60,7 +60,7 @@ class FaultyWorld:
 
 
 def build(world: Any) -> tuple[Workflows, Any, Counter[str]]:
-    wf = Workflows(Celery("crash"), world=world, configure_broker=False)
+    wf = Workflows(Celery("crash"), world=world, broker="app")
     executions: Counter[str] = Counter()
 
     @wf.step

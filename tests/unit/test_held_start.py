@@ -121,7 +121,7 @@ def test_a_slow_step_is_started_in_the_world_first(wf: Workflows, worker: LocalW
 
 
 def test_every_write_durable_holds_nothing() -> None:
-    wf = Workflows(Celery("unit"), world=MemoryWorld(), configure_broker=False, durability="step")
+    wf = Workflows(Celery("unit"), world=MemoryWorld(), broker="app", durability="step")
     try:
         once, _, _ = _flows(wf)
         worker = LocalWorker(wf)

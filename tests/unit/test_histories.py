@@ -223,7 +223,7 @@ def test_from_world_reads_a_run_and_shares_nothing() -> None:
     from celery_workflow import Workflows
     from celery_workflow.testing import LocalWorker, MemoryWorld
 
-    wf = Workflows(Celery("from-world"), world=MemoryWorld(), configure_broker=False)
+    wf = Workflows(Celery("from-world"), world=MemoryWorld(), broker="app")
 
     @wf.step
     def double(x: int) -> int:

@@ -105,7 +105,7 @@ def test_an_uncaught_oversized_step_result_fails_the_run_with_that_cause(wf: Wor
 def test_the_runtime_uses_the_limit_the_world_declares() -> None:
     world = MemoryWorld()
     world.max_payload = 1_000  # a World with a smaller store
-    wf = Workflows(Celery("limits"), world=world, configure_broker=False)
+    wf = Workflows(Celery("limits"), world=world, broker="app")
     try:
         assert wf.runtime.max_payload == 1_000
         calls: list[int] = []
@@ -296,7 +296,7 @@ def test_an_output_the_world_refuses_despite_its_limit_fails_the_run() -> None:
     refused run_completed becomes run_failed with PayloadTooLarge, instead of a delivery retried until it dies."""
     world = MemoryWorld()
     world.max_payload = MAX_PAYLOAD_BYTES * 2
-    wf = Workflows(Celery("overstated"), world=world, configure_broker=False)
+    wf = Workflows(Celery("overstated"), world=world, broker="app")
     try:
 
         @wf.workflow

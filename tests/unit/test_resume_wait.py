@@ -17,7 +17,7 @@ from celery_workflow.testing import LocalWorker, MemoryWorld
 
 @pytest.fixture
 def wf() -> Iterator[Workflows]:
-    w = Workflows(Celery("resume-wait"), world=MemoryWorld(), configure_broker=False)
+    w = Workflows(Celery("resume-wait"), world=MemoryWorld(), broker="app")
     yield w
     w.close()
 

@@ -517,7 +517,7 @@ def test_a_route_to_an_unknown_queue_is_refused(wf: Workflows) -> None:
     from celery_workflow import ConfigurationError
     from celery_workflow.testing import MemoryWorld
 
-    strict = Workflows(Celery("strict"), world=MemoryWorld(), configure_broker=False, queues=["celery", "orders"])
+    strict = Workflows(Celery("strict"), world=MemoryWorld(), broker="app", queues=["celery", "orders"])
     with pytest.raises(ConfigurationError, match="unknown queue 'nowhere'"):
         strict.route("x", "nowhere")
     with pytest.raises(ConfigurationError, match="unknown queue"):
@@ -544,13 +544,13 @@ def test_the_worlds_own_routes_and_queues_apply() -> None:
         routes = MappingProxyType({"nightly": "backfill"})
         queue_names = frozenset({"celery", "backfill"})
 
-    wf = Workflows(Celery("configured"), world=ConfiguredWorld(), configure_broker=False)
+    wf = Workflows(Celery("configured"), world=ConfiguredWorld(), broker="app")
     assert wf.routes == {"nightly": "backfill"}
     assert wf.runtime.queue_for("nightly") == "backfill"
     with pytest.raises(ConfigurationError, match="which the World does not have"):
         wf.route("other", "orders")
     with pytest.raises(ConfigurationError, match="which the World does not have"):
-        Workflows(Celery("overridden"), world=ConfiguredWorld(), configure_broker=False, routes={"x": "nowhere"})
+        Workflows(Celery("overridden"), world=ConfiguredWorld(), broker="app", routes={"x": "nowhere"})
 
 
 def test_now_after_an_inline_step_is_the_same_on_replay(wf: Workflows, worker: LocalWorker) -> None:

@@ -28,7 +28,7 @@ AT = isoformat(utcnow())
 
 @pytest.fixture
 def wf() -> Iterator[Workflows]:
-    w = Workflows(Celery("untrusted"), world=MemoryWorld(), configure_broker=False)
+    w = Workflows(Celery("untrusted"), world=MemoryWorld(), broker="app")
     yield w
     w.close()
 
