@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import uuid
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +23,9 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import serialization
-from kombu.utils.url import maybe_sanitize_url
 
 from celery_workflow import task_names, worker_setup
+from celery_workflow.broker_choice import DEFAULT_RELAY_LEASE, broker_choice
 from celery_workflow.client import Run
 from celery_workflow.errors import ConfigurationError, PayloadError
 from celery_workflow.events import HookView, RunStatus
@@ -166,64 +165,6 @@ class Step(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Step {self.name}>"
-
-
-#: The two values of ``Workflows(broker=...)``.
-BROKER_CHOICES = ("world", "app")
-
-#: Default ``Workflows(relay_lease=...)``: seconds a relayed delivery is leased before it is published again.
-DEFAULT_RELAY_LEASE = 300.0
-
-
-def configured_broker(celery_app: Any) -> str | None:
-    """The broker URL the Celery app was configured with (its password masked), or None when it has none of its own:
-    Celery's default, or a broker a :class:`Workflows` set (one of our transports)."""
-    conf = celery_app.conf
-    transport = conf.broker_transport
-    if isinstance(transport, str) and transport.startswith("celery_workflow."):
-        return None
-    url = conf.broker_url or conf.broker_write_url or conf.broker_read_url or os.environ.get("CELERY_BROKER_URL")
-    if not url and not transport:
-        return None
-    shown = url if isinstance(url, str) else repr(url) if url else f"transport {transport!r}"
-    return str(maybe_sanitize_url(shown)) if isinstance(url, str) else shown
-
-
-def broker_choice(celery_app: Any, broker: str | None, configure_broker: bool | None = None) -> str:
-    """What carries the deliveries: ``broker`` (``"world"`` or ``"app"``) if given; else, from the deprecated
-    ``configure_broker`` (True: ``"world"``, False: ``"app"``, with a DeprecationWarning); else ``"world"`` when the app
-    has no broker of its own. An app with a configured broker and no choice is refused with a ConfigurationError
-    naming both choices: its broker is never replaced silently."""
-    if configure_broker is not None:
-        mapped = "world" if configure_broker else "app"
-        warnings.warn(
-            f"Workflows(configure_broker={configure_broker!r}) is deprecated: use Workflows(..., broker={mapped!r})",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if broker is not None and broker != mapped:
-            raise ConfigurationError(
-                f"Workflows(broker={broker!r}, configure_broker={configure_broker!r}) contradict each other;"
-                f" give broker= alone"
-            )
-        broker = mapped
-    if broker is not None:
-        if broker not in BROKER_CHOICES:
-            raise ConfigurationError(f"Workflows(broker={broker!r}): broker is 'world' or 'app'")
-        return broker
-    url = configured_broker(celery_app)
-    if url is None:
-        return "world"
-    raise ConfigurationError(
-        f"the Celery app {getattr(celery_app, 'main', None) or '?'!r} already has a broker ({url}); say what"
-        " workflow deliveries should use:\n"
-        '  Workflows(app, world, broker="app")    keep this broker: the World keeps each delivery and a relay'
-        " publishes it to this broker when due (in every worker, or `celery -A app workflow relay`);"
-        " plain tasks stay where they are\n"
-        '  Workflows(app, world, broker="world")  replace it with the World\'s queue: plain tasks move there too,'
-        " and nothing consumes this broker any more\n"
-        "(see docs/coming-from-celery.md)"
-    )
 
 
 class Workflows:
@@ -587,10 +528,12 @@ def _claim(task: Any) -> Claim | None:
     """The transport's claim of the delivery a task is handling (None when it did not come from our transports).
 
     Our transports put it in ``delivery_info``; Celery keeps that in the request's message properties (it rebuilds
-    ``request.delivery_info`` itself).
+    ``request.delivery_info`` itself). The relay (``Workflows(broker="app")``) puts it in the message's headers.
     """
     properties = getattr(task.request, "properties", None) or {}
-    return Claim.from_delivery_info(properties.get("delivery_info"))
+    found = Claim.from_delivery_info(properties.get("delivery_info"))
+    # a message the relay published on the app's broker carries it in its headers (request attributes, to a task)
+    return found if found is not None else Claim.from_attributes(task.request)
 
 
 #: The longest string argument a message's ``argsrepr`` shows with ``repr`` (Celery's saferepr cuts at 1024).

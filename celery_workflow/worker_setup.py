@@ -12,6 +12,9 @@
   child (``worker_process_init``).
 * **Upkeep**: the World's background work (:meth:`~celery_workflow.world.World.start_upkeep`) runs in the worker's
   main process while it lives.
+* **Relay** (``Workflows(broker="app")``, issue #29): the worker's main process also runs the relay of the queues it
+  consumes and keeps the World leases of the relayed deliveries it holds (:mod:`celery_workflow.relay_celery`); a
+  relayed task that returned acks its claim in the World (``task_postrun``).
 * :func:`queue_consumers` / :func:`unserved`: which queues have no live consumer, when the World's queue store
   records its consumers (the SQLite and Postgres transports do; SQS does not, so None: unknown). ``runs list``,
   ``runs show`` and the inspector say so for a run that waits on such a queue.
@@ -94,6 +97,18 @@ def connect_worker_signals(wf: Workflows) -> None:
             upkeep = wf.world.start_upkeep()
             if upkeep is not None:
                 background.append(upkeep)
+            if wf.broker == "app":  # the relay of the queues this worker consumes, and its lease keeper
+                from celery_workflow.relay_celery import WorkerRelay
+
+                queues = sorted(wf.celery_app.amqp.queues.consume_from)
+                if queues:
+                    background.append(WorkerRelay(wf, queues).start())
+
+    def postrun(sender: Any = None, task: Any = None, state: str | None = None, **_: Any) -> None:
+        if wf.broker == "app" and state == "SUCCESS" and getattr(task, "app", None) is app:
+            from celery_workflow.relay_celery import ack_relayed
+
+            ack_relayed(wf, task.request)
 
     def shutdown(**_: Any) -> None:
         while background:
@@ -104,6 +119,7 @@ def connect_worker_signals(wf: Workflows) -> None:
     signals.worker_process_init.connect(child_process, weak=False)
     signals.worker_ready.connect(ready, weak=False)
     signals.worker_shutdown.connect(shutdown, weak=False)
+    signals.task_postrun.connect(postrun, weak=False)
 
 
 def queue_consumers(world: World) -> Mapping[str, int] | None:

@@ -92,6 +92,18 @@ class Claim:
     def delivery_info(self) -> dict[str, Any]:
         return {RECEIPT_KEY: self.receipt, ATTEMPTS_KEY: self.attempts}
 
+    def headers(self) -> dict[str, Any]:
+        """The claim as message headers (the relay's messages on the app's broker carry it there)."""
+        return {RECEIPT_KEY: self.receipt, ATTEMPTS_KEY: self.attempts}
+
+    @classmethod
+    def from_attributes(cls, request: Any) -> Claim | None:
+        """The claim the relay put in a message's headers, read from what shows them as attributes (a Celery task's
+        request); None for a message without one."""
+        return cls.from_delivery_info(
+            {RECEIPT_KEY: getattr(request, RECEIPT_KEY, None), ATTEMPTS_KEY: getattr(request, ATTEMPTS_KEY, 1)}
+        )
+
     @classmethod
     def from_delivery_info(cls, info: Mapping[str, Any] | None) -> Claim | None:
         """The claim a transport of ours put in ``info``; None for a message that did not come from one."""

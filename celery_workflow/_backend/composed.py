@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from celery_workflow._backend.queue_contract import BrokerRouting, DeadLetterStore, ExpiringMessages, WorldQueue
+from celery_workflow._backend.queue_contract import (
+    BrokerRouting,
+    DeadLetterStore,
+    ExpiringMessages,
+    Leases,
+    WorldQueue,
+)
 
 if TYPE_CHECKING:  # annotations only: the modules defining these records import this package's modules
     from celery_workflow._backend.broker import Binding, QueuedMessage
@@ -32,8 +38,8 @@ class DeliveryPart(WorldQueue, ExpiringMessages, Protocol):
     def delayed(self, queues: Sequence[str], *, limit: int = ...) -> list[QueuedMessage]: ...
 
 
-class RoutingPart(BrokerRouting, Protocol):
-    """The broker state of a composed store."""
+class RoutingPart(BrokerRouting, Leases, Protocol):
+    """The broker state of a composed store (with the named leases, kept beside the consumers' heartbeats)."""
 
     def queue_info(self, name: str) -> dict[str, Any] | None: ...
     def bindings(self, exchange: str | None = ...) -> list[Binding]: ...
@@ -216,3 +222,9 @@ class ComposedQueue:
 
     def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
         return self.broker_state.gc(consumer_timeout=consumer_timeout)
+
+    def hold_lease(self, name: str, holder: str, seconds: float) -> bool:
+        return self.broker_state.hold_lease(name, holder, seconds)
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        self.broker_state.drop_lease(name, holder)

@@ -48,6 +48,7 @@ __all__ = [
     "DeadLetterStore",
     "ExpiringMessages",
     "ExpiringStore",
+    "Leases",
     "QueueBrokerStore",
     "QueueStore",
     "Receipts",
@@ -121,6 +122,21 @@ class DeadLetterStore(Protocol):
 
     def purge_dead_letters(self, ids: Sequence[int | str] | None = None, *, queue: str | None = None) -> int:
         """Delete dead letters (as :meth:`redrive_dead_letters` selects them); the number deleted."""
+        ...
+
+
+@runtime_checkable
+class Leases(Protocol):
+    """Named leases with one holder at a time (the relay's election, :mod:`celery_workflow.relay`), kept by a store
+    beside its consumers' heartbeats (``SQLiteQueue``, ``PostgresQueue``) or by a World itself (``MemoryWorld``)."""
+
+    def hold_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew lease ``name`` for ``holder`` until ``seconds`` from now: True when ``holder`` holds it now,
+        False when another holder's lease has not run out."""
+        ...
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        """Give lease ``name`` up, if ``holder`` holds it."""
         ...
 
 

@@ -204,6 +204,34 @@ class BrokerState:
 
         return self.sql.db.run(go, what="queue: drop consumer")
 
+    def hold_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """A named lease is a consumer row of the pseudo-queue ``name``: held by the one row whose heartbeat is younger
+        than ``seconds``; a transaction-level advisory lock on the name serialises the holders."""
+        rows = self.sql.rows(
+            "hold lease",
+            f"WITH other AS (SELECT 1 FROM {stmt.CONSUMERS} WHERE queue = %(name)s AND consumer <> %(holder)s"
+            f" AND seen_at > {stmt.NOW} - %(lease)s LIMIT 1),"
+            f" gone AS (DELETE FROM {stmt.CONSUMERS} WHERE queue = %(name)s AND consumer <> %(holder)s"
+            f" AND seen_at <= {stmt.NOW} - %(lease)s),"
+            f" held AS (INSERT INTO {stmt.CONSUMERS} (queue, consumer, seen_at)"
+            f" SELECT %(name)s, %(holder)s, {stmt.NOW} WHERE NOT EXISTS (SELECT 1 FROM other)"
+            " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at RETURNING 1)"
+            " SELECT COUNT(*) FROM held",
+            before=("SELECT pg_advisory_xact_lock(hashtext('celery_workflow_lease:' || %(name)s))",),
+            name=name,
+            holder=holder,
+            lease=timedelta(seconds=seconds),
+        )
+        return bool(rows and rows[0][0])
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        self.sql.rowcount(
+            "drop lease",
+            f"DELETE FROM {stmt.CONSUMERS} WHERE queue = %(name)s AND consumer = %(holder)s",
+            name=name,
+            holder=holder,
+        )
+
     def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
         """Collect what nobody uses any more, in one transaction (skipped while another process collects).
 

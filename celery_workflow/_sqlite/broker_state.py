@@ -207,6 +207,31 @@ class BrokerState:
         ).fetchall()
         return [str(r[0]) for r in rows]
 
+    def hold_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """A named lease is a consumer row of the pseudo-queue ``name``: held by the one row whose heartbeat is younger
+        than ``seconds`` (``BEGIN IMMEDIATE`` serialises the holders)."""
+        now = self.tx.now()
+        with self.tx.write() as conn:
+            conn.execute(
+                f"DELETE FROM {_CONSUMERS} WHERE queue = ? AND consumer <> ? AND seen_at <= ?",
+                (name, holder, now - micros(seconds)),
+            )
+            other = conn.execute(
+                f"SELECT 1 FROM {_CONSUMERS} WHERE queue = ? AND consumer <> ? LIMIT 1", (name, holder)
+            ).fetchone()
+            if other is not None:
+                return False
+            conn.execute(
+                f"INSERT INTO {_CONSUMERS} (queue, consumer, seen_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (queue, consumer) DO UPDATE SET seen_at = excluded.seen_at",
+                (name, holder, now),
+            )
+        return True
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        with self.tx.write() as conn:
+            conn.execute(f"DELETE FROM {_CONSUMERS} WHERE queue = ? AND consumer = ?", (name, holder))
+
     def gc(self, *, consumer_timeout: float = 60.0) -> dict[str, int]:
         """Collect what nobody uses any more, in one transaction.
 

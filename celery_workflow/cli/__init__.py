@@ -7,6 +7,7 @@
                                                                           failed, cancelled)
     workflow dead-letters list|show ID|redrive [--queue Q] [ID…]|purge    messages no consumer could process
     workflow scheduled [--queue Q] [--limit N] [--json]                   countdown/ETA tasks held until due
+    workflow relay [--queue Q] [--once]                                   publish due deliveries to the app's broker
     workflow migrate                                                      apply the World's schema migrations
     workflow sweep-expired                                                delete the runs past their retention
     workflow create-table NAME                                            the AWS World's DynamoDB table
@@ -30,6 +31,7 @@ import click
 
 from celery_workflow.cli.admin import create_table, demo, inspector, migrate, sweep_expired
 from celery_workflow.cli.dead_letters import dead_letters
+from celery_workflow.cli.relay import relay
 from celery_workflow.cli.runs import runs
 from celery_workflow.cli.scheduled import scheduled
 from celery_workflow.cli.session import Session, WorkflowGroup
@@ -52,7 +54,7 @@ def workflow(ctx: click.Context, world: str | None) -> None:
     ctx.call_on_close(session.close)
 
 
-for _command in (runs, dead_letters, scheduled, migrate, sweep_expired, create_table, inspector, demo):
+for _command in (runs, dead_letters, scheduled, relay, migrate, sweep_expired, create_table, inspector, demo):
     workflow.add_command(_command)
 
 

@@ -143,6 +143,7 @@ class MemoryWorld(TemplateWorld):
         self._keys: dict[tuple[bool, str, str], int] = {}  # key scope -> pending delivery seq (see _key_scope)
         self._seq = itertools.count(1)
         self._version = 0  # bumped by every change, under the lock: what waiters watch
+        self._leases: dict[str, tuple[str, datetime]] = {}  # lease name -> (holder, until)
         self._steps = _MemoryAppend(self)
 
     def _now(self) -> datetime:
@@ -156,6 +157,33 @@ class MemoryWorld(TemplateWorld):
     def _wait(self, version: int, seconds: float) -> None:
         with self._cond:
             self._cond.wait_for(lambda: self._version != version, seconds)
+
+    # -- what a relay watches (celery_workflow.relay): changes and named leases -----------------------------------
+
+    def change_token(self) -> int:
+        """A value every change of the World moves on."""
+        with self._cond:
+            return self._version
+
+    def wait_for_change(self, token: int, timeout: float) -> bool:
+        """Block until the World changed after ``token`` was taken (True), or ``timeout`` seconds pass."""
+        self._wait(token, timeout)
+        with self._cond:
+            return self._version != token
+
+    def hold_lease(self, name: str, holder: str, seconds: float) -> bool:
+        with self._cond:
+            now = self._now()
+            current = self._leases.get(name)
+            if current is not None and current[0] != holder and current[1] > now:
+                return False
+            self._leases[name] = (holder, now + timedelta(seconds=seconds))
+            return True
+
+    def drop_lease(self, name: str, holder: str) -> None:
+        with self._cond:
+            if self._leases.get(name, ("", None))[0] == holder:
+                del self._leases[name]
 
     def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
         view, event = template.prepare_run(run, deliveries, self._now())

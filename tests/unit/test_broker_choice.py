@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_workflow import Workflows
-from celery_workflow.app import broker_choice, configured_broker
+from celery_workflow.broker_choice import broker_choice, configured_broker
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.testing import MemoryWorld
 from celery_workflow.world_sqlite import SQLiteWorld
