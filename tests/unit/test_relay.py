@@ -52,7 +52,9 @@ def world(clock: Clock) -> MemoryWorld:
 
 
 def test_only_due_deliveries_are_published_with_their_claim(world: MemoryWorld, clock: Clock) -> None:
-    world.enqueue([Delivery("celery", b"now", "r1"), Delivery("celery", b"later", "r2", clock.now + timedelta(days=90))])
+    world.enqueue(
+        [Delivery("celery", b"now", "r1"), Delivery("celery", b"later", "r2", clock.now + timedelta(days=90))]
+    )
     world.enqueue([Delivery("other", b"elsewhere", "r3")])
     out = Recorder()
     relay = Relay(world, ["celery"], out, lease=60)
@@ -111,7 +113,10 @@ def test_a_failed_publish_gives_the_claims_back_and_claims_nothing_until_the_bro
 def test_one_relay_at_a_time_per_queue_set(world: MemoryWorld, clock: Clock) -> None:
     name = lease_name(["b", "a"])
     assert name == lease_name(["a", "b", "a"])
-    seconds = lambda: clock.now.timestamp()  # noqa: E731
+
+    def seconds() -> float:
+        return clock.now.timestamp()
+
     first = Election(world, name, seconds=15, holder="one", clock=seconds)
     second = Election(world, name, seconds=15, holder="two", clock=seconds)
     assert first.hold() and not second.hold()

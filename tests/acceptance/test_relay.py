@@ -1,0 +1,149 @@
+"""Workflows over the app's own broker through the relay (issue #29, item 2), with real `celery worker` processes:
+an app whose broker is RabbitMQ, and one whose broker is Redis (``apps/relayapp.py``).
+
+What it shows, on each broker: a workflow with steps, a retried step, a hook and a durable sleep completes over that
+broker while the app's plain tasks keep running on it; a worker killed mid-step loses nothing; a message the broker
+lost (``celery purge`` of its queue: a broker restart cannot be done here) is published again when its lease in the
+World runs out, and a sleep of three months is not in the broker at all, so a purge cannot lose it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.acceptance.workers import APPS, Worker, imported_app, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+BROKERS = {
+    "rabbitmq": os.environ.get("RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+    "redis": os.environ.get("RELAY_REDIS_URL", "redis://127.0.0.1:6379/14"),
+}
+LEASE = 3.0  # seconds a relayed delivery stays leased: a lost one comes back this fast
+
+
+def _reachable(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5672), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=sorted(BROKERS))
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    url = BROKERS[request.param]
+    if not _reachable(url):
+        pytest.skip(f"{request.param} is not reachable at {url}")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    return {
+        "RELAY_BROKER_URL": url,
+        "RELAY_QUEUE": f"cw-relay-{secrets.token_hex(4)}",
+        "CELERY_WORKFLOW_URL": f"sqlite:///{tmp_path / 'world.db'}",
+        "CW_RELAY_LEASE": str(LEASE),
+        "CW_MARKERS": str(markers),
+    }
+
+
+@pytest.fixture
+def app(env: dict[str, str]) -> Iterator[ModuleType]:
+    with imported_app("relayapp", env) as module:
+        yield module
+    _celery(env, "purge", "-f", "-Q", env["RELAY_QUEUE"])  # leave nothing on the shared broker
+    if env["RELAY_BROKER_URL"].startswith("amqp"):
+        _celery(env, "amqp", "queue.delete", env["RELAY_QUEUE"])
+
+
+def _celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "relayapp", *args],
+        check=False,
+        cwd=APPS,
+        env={**os.environ, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str = "w1") -> Worker:
+        worker = Worker("relayapp", env, tmp_path / f"{name}.log", ["-c", "2", "-n", f"{name}@%h"])
+        started.append(worker)
+        worker.wait_ready(60)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def test_a_workflow_and_plain_tasks_run_over_the_apps_broker(
+    app: ModuleType, env: dict[str, str], start_worker: Callable[..., Worker]
+) -> None:
+    start_worker()
+    markers = Path(env["CW_MARKERS"])
+    run = app.order.start("o-1", 1.5)
+    app.plain.delay("plain-1", "still here")  # an ordinary task of the app, on the same broker
+    app.wf.resume_hook("approve:o-1", {"ok": True}, wait=60)
+    result = run.result(timeout=60)
+    assert result == {"receipt": "rcpt-o-1@2", "decision": {"ok": True}, "shipped": "shipped-o-1"}
+    assert (markers / "charge-o-1-1").exists() and (markers / "charge-o-1-2").exists()  # retried once
+    wait_for((markers / "plain-1").exists, 30)
+    assert (markers / "plain-1").read_text() == "still here"
+    types = [e.event_type for e in run.events()]
+    assert "step_retrying" in types and "wait_completed" in types and "hook_received" in types
+    wait_for(lambda: app.wf.world.store.peek() == [], 30, lambda: repr(app.wf.world.store.peek()))  # all acked
+
+
+def test_a_worker_killed_mid_step_loses_nothing(
+    app: ModuleType, env: dict[str, str], start_worker: Callable[..., Worker]
+) -> None:
+    markers = Path(env["CW_MARKERS"])
+    first = start_worker("w1")
+    run = app.killable.start("k")
+    wait_for((markers / "slow-k-started-1").exists, 60)
+    first.kill()  # SIGKILL, pool and all, mid-step
+    start_worker("w2")
+    wait_for(lambda: any(markers.glob("slow-k-started-[2-9]")), 60, lambda: str(sorted(markers.iterdir())))
+    (markers / "slow-k-release").touch()
+    assert run.result(timeout=60).startswith("k@")
+    steps = [s for s in run.steps() if s.step_name == "slow_once"]
+    assert len(steps) == 1 and steps[0].status == "completed"
+
+
+def test_a_message_the_broker_lost_is_published_again_and_a_long_sleep_is_not_in_the_broker(
+    app: ModuleType, env: dict[str, str], start_worker: Callable[..., Worker]
+) -> None:
+    run = app.adding.start(3)
+    once = _celery(env, "workflow", "relay", "--once")
+    assert once.returncode == 0 and "published 1 deliveries" in once.stdout, once.stdout + once.stderr
+    purged = _celery(env, "purge", "-f", "-Q", env["RELAY_QUEUE"])
+    assert purged.returncode == 0 and "1 message" in purged.stdout, purged.stdout + purged.stderr  # lost
+    start_worker()
+    assert run.result(timeout=60) == 3  # published again when its lease ran out
+    # a sleep of three months: the run suspends, its wake-up waits in the World with its due time
+    sleeper = app.order.start("o-2", timedelta(days=90).total_seconds())
+    app.wf.resume_hook("approve:o-2", {"ok": True}, wait=60)
+    wait_for(lambda: app.wf.world.store.delayed([env["RELAY_QUEUE"]]), 60)
+    assert _celery(env, "purge", "-f", "-Q", env["RELAY_QUEUE"]).returncode == 0
+    (held,) = app.wf.world.store.delayed([env["RELAY_QUEUE"]])
+    assert held.run_id == sleeper.id and held.due > time.time() + 89 * 86400  # still due in three months
+    assert sleeper.status == "running"
