@@ -238,6 +238,7 @@ class Relay:
         #: Deliveries published since start (what tests and the bench read).
         self.published = 0
         self._failures = 0
+        self._beats = _Heartbeat(world, self.queues, self.election.holder, self.election.seconds)
 
     def round(self) -> int:
         """Claim the due deliveries (up to the batch) and publish them; the number published. After a failed
@@ -286,8 +287,10 @@ class Relay:
         try:
             while not stop.is_set():
                 if not self.election.hold():
+                    self._beats.stop()
                     stop.wait(min(self.election.seconds / 3, MAX_WAIT * 5))
                     continue
+                self._beats.beat()
                 token = self.waker.token()
                 try:
                     published = self.round()
@@ -307,7 +310,47 @@ class Relay:
                 timeout = MAX_WAIT if due is None else due - time.time()
                 self.waker.wait(token, max(timeout, 0.02))  # never spin on a row due but not claimable yet
         finally:
+            self._beats.stop()
             self.election.drop()
+
+
+class _Heartbeat:
+    """The elected relay shows as the consumer of its queues in the World's queue store, when the store records
+    consumers (SQLite, Postgres), so ``runs list``, ``runs show`` and the inspector tell a run whose queue nobody
+    relays (``worker_setup.unserved``); it also collects the heartbeats of relays that died (the store's ``gc``), as
+    the transports' workers do on ``broker="world"``."""
+
+    GC_EVERY = 60.0
+
+    def __init__(self, world: World, queues: Sequence[str], holder: str, seconds: float) -> None:
+        store = getattr(world, "store", None)
+        self.store = store if callable(getattr(store, "touch", None)) else None
+        self.queues, self.holder, self.every = list(queues), holder, seconds / 3
+        self._touched: float | None = None
+        self._collected = time.monotonic()
+
+    def beat(self) -> None:
+        if self.store is None:
+            return
+        now = time.monotonic()
+        try:
+            if self._touched is None or now - self._touched >= self.every:
+                self.store.touch(self.holder, self.queues)
+                self._touched = now
+            if now - self._collected >= self.GC_EVERY and callable(getattr(self.store, "gc", None)):
+                self._collected = now
+                self.store.gc(consumer_timeout=self.GC_EVERY)
+        except Exception as exc:
+            log.warning("relay: cannot record its heartbeat (%s)", exc)
+
+    def stop(self) -> None:
+        if self.store is None or self._touched is None:
+            return
+        self._touched = None
+        try:
+            self.store.drop_consumer(self.holder, self.queues)
+        except Exception as exc:
+            log.warning("relay: cannot drop its heartbeat (%s)", exc)
 
 
 def extend_held(world: World, receipts: Sequence[str], lease: float) -> None:
