@@ -118,6 +118,7 @@ GUIDES = [
     "cli.md",
     "comparison.md",
     "workflow-changes.md",
+    "coming-from-celery.md",
     *(f"deploy/{p.name}" for p in sorted((ROOT / "docs" / "deploy").glob("*.md"))),
 ]
 FENCE = re.compile(r"^```python\n(?P<code>.*?)^```$", re.S | re.M)
