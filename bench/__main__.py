@@ -249,6 +249,7 @@ SCENARIOS = {
     "inflight": "bench.inflight",
     "latency": "bench.latency",
     "long": "bench.long_runs",
+    "relay": "bench.relay",
     "sleepers": "bench.sleepers",
 }
 
