@@ -147,3 +147,36 @@ def test_a_message_the_broker_lost_is_published_again_and_a_long_sleep_is_not_in
     (held,) = app.wf.world.store.delayed([env["RELAY_QUEUE"]])
     assert held.run_id == sleeper.id and held.due > time.time() + 89 * 86400  # still due in three months
     assert sleeper.status == "running"
+
+
+def _waiting(env: dict[str, str], app: ModuleType) -> int:
+    """Messages waiting on the test's queue in the app's broker (0 while the broker has no such queue)."""
+    with app.celery_app.connection_for_write() as conn:
+        try:
+            return int(conn.default_channel.queue_declare(env["RELAY_QUEUE"], passive=True).message_count)
+        except conn.channel_errors:
+            return 0
+
+
+def test_the_relay_alone_publishes_until_stopped(
+    app: ModuleType, env: dict[str, str], start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    log = (tmp_path / "relay.log").open("w")
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "relayapp", "workflow", "relay", "--queue", env["RELAY_QUEUE"]],
+        cwd=APPS,
+        env={**os.environ, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        run = app.adding.start(4)
+        wait_for(lambda: _waiting(env, app) == 1, 30, lambda: (tmp_path / "relay.log").read_text())
+    finally:
+        relay.terminate()
+        relay.wait(timeout=15)
+        log.close()
+    assert relay.returncode == 0
+    assert "stopped after publishing 1 deliveries" in (tmp_path / "relay.log").read_text()
+    start_worker()
+    assert run.result(timeout=60) == 6
