@@ -171,7 +171,7 @@ def test_the_relay_alone_publishes_until_stopped(
     )
     try:
         run = app.adding.start(4)
-        wait_for(lambda: _waiting(env, app) == 1, 30, lambda: (tmp_path / "relay.log").read_text())
+        wait_for(lambda: _waiting(env, app) == 1, 30, (tmp_path / "relay.log").read_text)
     finally:
         relay.terminate()
         relay.wait(timeout=15)
