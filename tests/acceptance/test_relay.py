@@ -180,3 +180,18 @@ def test_the_relay_alone_publishes_until_stopped(
     assert "stopped after publishing 1 deliveries" in (tmp_path / "relay.log").read_text()
     start_worker()
     assert run.result(timeout=60) == 6
+
+
+def test_the_relay_command_refuses_what_it_cannot_relay(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env["CELERY_WORKFLOW_URL"] = f"sqlite:///{tmp_path / 'world.db'}"
+    world_app = subprocess.run(  # wfapp's Workflows uses broker="world": its workers consume the World themselves
+        [sys.executable, "-m", "celery", "-A", "wfapp", "workflow", "relay", "--once"],
+        cwd=APPS, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert world_app.returncode == 2 and "broker='world'" in world_app.stderr, world_app.stderr
+    no_app = subprocess.run(
+        [sys.executable, "-m", "celery_workflow.cli", "--world", env["CELERY_WORKFLOW_URL"], "relay", "--once"],
+        cwd=APPS, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert no_app.returncode == 2 and "relay needs the Celery app" in no_app.stderr, no_app.stderr
