@@ -53,6 +53,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     return {
         "RELAY_BROKER_URL": url,
         "RELAY_QUEUE": f"cw-relay-{secrets.token_hex(4)}",
+        "RELAY_OTHER_QUEUE": f"cw-relay-other-{secrets.token_hex(4)}",
         "CELERY_WORKFLOW_URL": f"sqlite:///{tmp_path / 'world.db'}",
         "CW_RELAY_LEASE": str(LEASE),
         "CW_MARKERS": str(markers),
@@ -63,9 +64,10 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
 def app(env: dict[str, str]) -> Iterator[ModuleType]:
     with imported_app("relayapp", env) as module:
         yield module
-    _celery(env, "purge", "-f", "-Q", env["RELAY_QUEUE"])  # leave nothing on the shared broker
-    if env["RELAY_BROKER_URL"].startswith("amqp"):
-        _celery(env, "amqp", "queue.delete", env["RELAY_QUEUE"])
+    for queue in (env["RELAY_QUEUE"], env["RELAY_OTHER_QUEUE"]):  # leave nothing on the shared broker
+        _celery(env, "purge", "-f", "-Q", queue)
+        if env["RELAY_BROKER_URL"].startswith("amqp"):
+            _celery(env, "amqp", "queue.delete", queue)
 
 
 def _celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,8 +86,9 @@ def _celery(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(name: str = "w1") -> Worker:
-        worker = Worker("relayapp", env, tmp_path / f"{name}.log", ["-c", "2", "-n", f"{name}@%h"])
+    def start(name: str = "w1", *queues: str) -> Worker:
+        args = ["-c", "2", "-n", f"{name}@%h", *(["-Q", ",".join(queues)] if queues else [])]
+        worker = Worker("relayapp", env, tmp_path / f"{name}.log", args)
         started.append(worker)
         worker.wait_ready(60)
         return worker
@@ -111,6 +114,20 @@ def test_a_workflow_and_plain_tasks_run_over_the_apps_broker(
     types = [e.event_type for e in run.events()]
     assert "step_retrying" in types and "wait_completed" in types and "hook_received" in types
     wait_for(lambda: app.wf.world.store.peek() == [], 30, lambda: repr(app.wf.world.store.peek()))  # all acked
+    pong = _celery(env, "inspect", "ping", "-t", "5")  # remote control: the app's broker, as before
+    assert pong.returncode == 0 and "pong" in pong.stdout, pong.stdout + pong.stderr
+
+
+def test_a_worker_relays_the_queues_it_consumes(
+    app: ModuleType, env: dict[str, str], start_worker: Callable[..., Worker]
+) -> None:
+    start_worker("w1", env["RELAY_QUEUE"])
+    routed = app.elsewhere.start(41)
+    assert app.adding.start(3).result(timeout=60) == 3  # w1 relays and runs its own queue...
+    (waiting,) = app.wf.world.store.peek([env["RELAY_OTHER_QUEUE"]])
+    assert (waiting.run_id, waiting.attempts) == (routed.id, 0)  # ...but not a queue it does not consume
+    start_worker("w2", env["RELAY_OTHER_QUEUE"])
+    assert routed.result(timeout=60) == 42
 
 
 def test_a_worker_killed_mid_step_loses_nothing(

@@ -2,7 +2,7 @@
 (``Workflows(..., broker="app")``), for ``test_relay``.
 
 Configured from the environment: RELAY_BROKER_URL (the app's broker), RELAY_QUEUE (its default queue: a name of the
-test's own on a shared broker), CELERY_WORKFLOW_URL (the World), CW_RELAY_LEASE (seconds a relayed delivery is leased
+test's own on a shared broker), RELAY_OTHER_QUEUE (another queue, for a routed workflow), CELERY_WORKFLOW_URL (the World), CW_RELAY_LEASE (seconds a relayed delivery is leased
 before it is published again: short, so a lost message comes back quickly) and CW_MARKERS (a folder the steps and
 plain tasks write to).
 """
@@ -79,6 +79,12 @@ def killable(tag: str) -> str:
 @wf.step
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@wf.workflow(queue=os.environ["RELAY_OTHER_QUEUE"])
+def elsewhere(n: int) -> int:
+    """A workflow routed to a queue of its own: only workers consuming it (``-Q``) run and relay it."""
+    return add(n, 1)
 
 
 @wf.workflow
