@@ -147,3 +147,51 @@ def test_serve_publishes_what_becomes_due_and_stops(world: MemoryWorld) -> None:
         thread.join(5)
     assert not thread.is_alive()
     assert Election(world, relay.election.name, holder="next").hold()  # the lease was given up
+
+
+def test_an_undecodable_delivery_is_put_back_with_its_error_not_published(world: MemoryWorld, clock: Clock) -> None:
+    from celery import Celery
+
+    from celery_workflow.relay_celery import CeleryPublisher
+
+    class Checked(Recorder):
+        def publish(self, claimed: ClaimedDelivery) -> None:
+            CeleryPublisher(Celery("undecodable")).message(claimed)  # PayloadError
+            super().publish(claimed)
+
+    world.enqueue([Delivery("celery", b"not a task message", "r1")])
+    out = Checked()
+    relay = Relay(world, ["celery"], out, lease=60)
+    assert relay.round() == 0
+    assert out.published == [] and relay._failures == 0  # not taken for a broker failure
+    assert relay.round() == 0  # due again after a backoff, not at once
+    clock.advance(2)
+    assert relay.round() == 0 and world.next_due(["celery"]) is not None
+
+
+def test_a_relayed_message_is_the_stored_task_with_its_claim_and_no_eta() -> None:
+    from celery import Celery
+
+    from celery_workflow.app import build_message
+    from celery_workflow.relay_celery import CeleryPublisher
+    from celery_workflow.world import Claim
+
+    app = Celery("relayed")
+    due = datetime(2026, 1, 2, tzinfo=UTC)
+    payload = build_message(app, "workflow.w", ["run-1"], {}, queue="orders", task_id="dlv_1", not_before=due)
+    name, message = CeleryPublisher(app).message(ClaimedDelivery("7.3", "orders", payload, 3, "run-1"))
+    assert name == "workflow.w"
+    assert message.headers["id"] == "dlv_1" and message.headers["task"] == "workflow.w"
+    assert message.headers["eta"] is None
+    assert (message.headers["cw_receipt"], message.headers["cw_attempts"]) == ("7.3", 3)
+    assert message.body == (["run-1"], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    assert message.properties["correlation_id"] == "dlv_1"
+
+    class Request:  # what a Celery worker shows a task: the message's headers as attributes
+        pass
+
+    request = Request()
+    for key, value in message.headers.items():
+        setattr(request, key, value)
+    assert Claim.from_attributes(request) == Claim("7.3", 3)
+    assert Claim.from_attributes(Request()) is None
