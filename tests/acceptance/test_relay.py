@@ -212,3 +212,35 @@ def test_the_relay_command_refuses_what_it_cannot_relay(tmp_path: Path) -> None:
         cwd=APPS, env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert no_app.returncode == 2 and "relay needs the Celery app" in no_app.stderr, no_app.stderr
+
+
+def test_on_a_postgres_world_over_rabbitmq(tmp_path: Path) -> None:
+    """The same workflow with the Postgres World: its LISTEN/NOTIFY wakes the relay, its tables hold the election."""
+    url = BROKERS["rabbitmq"]
+    if not _reachable(url):
+        pytest.skip(f"rabbitmq is not reachable at {url}")
+    from tests.acceptance.workers import postgres_schema
+
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    with postgres_schema() as world_url:
+        env = {
+            "RELAY_BROKER_URL": url,
+            "RELAY_QUEUE": f"cw-relay-{secrets.token_hex(4)}",
+            "RELAY_OTHER_QUEUE": f"cw-relay-other-{secrets.token_hex(4)}",
+            "CELERY_WORKFLOW_URL": world_url,
+            "CW_RELAY_LEASE": str(LEASE),
+            "CW_MARKERS": str(markers),
+        }
+        worker = Worker("relayapp", env, tmp_path / "w1.log", ["-c", "2", "-n", "pg@%h"])
+        try:
+            with imported_app("relayapp", env) as app:
+                worker.wait_ready(60)
+                run = app.order.start("o-pg", 1.0)
+                app.wf.resume_hook("approve:o-pg", {"ok": True}, wait=60)
+                assert run.result(timeout=60)["receipt"] == "rcpt-o-pg@2"
+                assert app.adding.start(5).result(timeout=60) == 10
+        finally:
+            worker.stop()
+            _celery(env, "purge", "-f", "-Q", env["RELAY_QUEUE"])
+            _celery(env, "amqp", "queue.delete", env["RELAY_QUEUE"])
