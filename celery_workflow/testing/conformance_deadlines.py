@@ -41,7 +41,7 @@ class Flows:
 
 
 def _flows(world: World) -> Flows:
-    wf = Workflows(Celery("deadlines"), world=world, configure_broker=False)
+    wf = Workflows(Celery("deadlines"), world=world, broker="app")
     ran: list[str] = []
 
     @wf.step

@@ -34,7 +34,7 @@ class Versions:
 
 
 def _deploy(world: World, *, guarded: bool) -> tuple[Workflows, Workflow[[str], list[str]]]:
-    wf = Workflows(Celery("versions-new" if guarded else "versions-old"), world=world, configure_broker=False)
+    wf = Workflows(Celery("versions-new" if guarded else "versions-old"), world=world, broker="app")
 
     @wf.step
     def audit(order_id: str) -> str:

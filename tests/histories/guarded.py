@@ -15,7 +15,7 @@ from celery_workflow import Workflows, gather, patched, uuid4
 from celery_workflow.testing import MemoryWorld
 from tests.histories.workflows import BASE_URL, Item, charge, reserve, square
 
-guarded = Workflows(Celery("histories-guarded"), world=MemoryWorld(), configure_broker=False, base_url=BASE_URL)
+guarded = Workflows(Celery("histories-guarded"), world=MemoryWorld(), broker="app", base_url=BASE_URL)
 
 
 @guarded.workflow

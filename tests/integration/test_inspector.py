@@ -159,9 +159,7 @@ def test_the_list_filters_by_workflow_and_status_and_counts_per_status(wf: Workf
     assert '<option value="completed" selected>' in http.get(f"{PREFIX}/?status=completed").get_data(as_text=True)
 
 
-def test_the_list_searches_by_run_id_prefix_and_creation_time_and_refreshes(
-    wf: Workflows, worker: LocalWorker
-) -> None:
+def test_the_list_searches_by_run_id_prefix_and_creation_time_and_refreshes(wf: Workflows, worker: LocalWorker) -> None:
     first = wf.start("greet", "ann", run_id="wrun_search_a1").id
     second = wf.start("greet", "bob", run_id="wrun_search_b2").id
     third = wf.start("greet", "cy", run_id="wrun_other_c3").id

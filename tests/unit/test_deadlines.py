@@ -35,7 +35,7 @@ START = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 def setup() -> tuple[Workflows, MemoryWorld, ManualClock]:
     clock = ManualClock(START)
     world = MemoryWorld(clock=clock)
-    wf = Workflows(Celery("deadlines-unit"), world=world, configure_broker=False)
+    wf = Workflows(Celery("deadlines-unit"), world=world, broker="app")
     wf.runtime.clock = clock
     return wf, world, clock
 

@@ -73,7 +73,7 @@ def test_a_removed_call_names_its_removal_as_the_change() -> None:
 
 def _world_with_guarded_sequential() -> tuple[Workflows, MemoryWorld]:
     world = MemoryWorld()
-    wf = Workflows(Celery("patched-new"), world=world, configure_broker=False)
+    wf = Workflows(Celery("patched-new"), world=world, broker="app")
 
     @wf.step(name="reserve")
     def reserve(order_id: str, items: list[workflows.Item]) -> int:
@@ -118,7 +118,7 @@ def test_patched_outside_a_workflow_is_refused() -> None:
 
 def test_an_empty_change_id_fails_the_run_with_a_clear_error() -> None:
     world = MemoryWorld()
-    wf = Workflows(Celery("patched-bad"), world=world, configure_broker=False)
+    wf = Workflows(Celery("patched-bad"), world=world, broker="app")
 
     @wf.workflow
     def bad() -> bool:
@@ -135,7 +135,7 @@ def test_an_empty_change_id_fails_the_run_with_a_clear_error() -> None:
 
 def test_patch_applied_needs_its_correlation_id_and_a_live_run() -> None:
     world = MemoryWorld()
-    wf = Workflows(Celery("patched-rules"), world=world, configure_broker=False)
+    wf = Workflows(Celery("patched-rules"), world=world, broker="app")
 
     @wf.workflow
     def noop() -> None:
