@@ -34,7 +34,7 @@ from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
-from celery_workflow.task_names import step_task_name, workflow_task_name
+from celery_workflow.task_names import python_identifier, step_task_name, workflow_task_name
 from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, World, open_world
 
@@ -394,6 +394,9 @@ class Workflows:
             "acks_on_failure_or_timeout": False,
             "ignore_result": True,
             "typing": False,
+            # a workflow's tasks belong to its app: a shared task would be built into every Celery app the process
+            # finalizes, under names (and with a World) that app knows nothing of
+            "shared": False,
         }
 
     def _register_workflow_task(self, wdef: WorkflowDef) -> None:
@@ -409,8 +412,9 @@ class Workflows:
                 self._put_back(claim, exc)
                 raise
 
-        run_workflow.__name__ = run_workflow.__qualname__ = f"workflow_{wdef.name}"
-        self.celery_app.task(name=workflow_task_name(wdef.name), **self._task_options())(run_workflow)
+        task_name = workflow_task_name(wdef.name)
+        run_workflow.__name__ = run_workflow.__qualname__ = python_identifier(task_name)
+        self.celery_app.task(name=task_name, **self._task_options())(run_workflow)
 
     def _register_step_task(self, sdef: StepDef) -> None:
         runtime = self.runtime
@@ -425,12 +429,13 @@ class Workflows:
                 self._put_back(claim, exc)
                 raise
 
-        run_step.__name__ = run_step.__qualname__ = f"step_{sdef.name}"
+        task_name = step_task_name(sdef.name)
+        run_step.__name__ = run_step.__qualname__ = python_identifier(task_name)
         limits: dict[str, float] = {}
         if sdef.timeout is not None:  # the body gets SoftTimeLimitExceeded; one that ignores it is killed
             soft = sdef.timeout.total_seconds()
             limits = {"soft_time_limit": soft, "time_limit": soft + HARD_LIMIT_GRACE}
-        self.celery_app.task(name=step_task_name(sdef.name), **self._task_options(), **limits)(run_step)
+        self.celery_app.task(name=task_name, **self._task_options(), **limits)(run_step)
 
     def _put_back(self, claim: Claim | None, exc: Exception) -> None:
         """A delivery whose handling failed (the World unreachable, a bug): due again after a backoff, with the error

@@ -7,6 +7,7 @@ prefixes are written once. Flower and ``celery inspect`` show these names: a rea
 
 from __future__ import annotations
 
+import re
 from typing import Literal, NamedTuple
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "TaskName",
     "is_delivery_task",
     "parse",
+    "python_identifier",
     "step_task_name",
     "workflow_task_name",
 ]
@@ -41,6 +43,12 @@ def workflow_task_name(name: str) -> str:
 def step_task_name(name: str) -> str:
     """The Celery task name of step ``name``'s deliveries."""
     return f"{STEP_TASK_PREFIX}{name}"
+
+
+def python_identifier(task_name: str) -> str:
+    """A Python identifier for the function behind task ``task_name``: Celery compiles a signature from the
+    function's ``__name__`` when the app finalizes, and a registered name may hold dots, dashes or anything else."""
+    return re.sub(r"\W", "_", task_name)
 
 
 def parse(task_name: str) -> TaskName | None:

@@ -5,13 +5,11 @@ real time is in the conformance suite (:class:`celery_workflow.testing.conforman
 
 from __future__ import annotations
 
-import warnings
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from celery import Celery
-from celery.exceptions import DuplicateTaskNameWarning
 
 from celery_workflow import (
     ConfigurationError,
@@ -153,11 +151,7 @@ def test_a_step_timeout_sets_celerys_time_limits_on_its_task() -> None:
     def unlimited() -> None:
         return None
 
-    with warnings.catch_warnings():
-        # finalizing this app also registers the shared tasks of the other tests' Celery apps in this process,
-        # some under the same names: Celery warns about those, which says nothing of this app
-        warnings.simplefilter("ignore", DuplicateTaskNameWarning)
-        tasks = wf.celery_app.tasks
+    tasks = wf.celery_app.tasks
     assert (tasks["step.limited"].soft_time_limit, tasks["step.limited"].time_limit) == (30.0, 40.0)
     assert (tasks["step.unlimited"].soft_time_limit, tasks["step.unlimited"].time_limit) == (None, None)
 
