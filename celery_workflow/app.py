@@ -35,6 +35,7 @@ from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
 from celery_workflow.task_names import python_identifier, step_task_name, workflow_task_name
+from celery_workflow.telemetry import Telemetry
 from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, World, open_world
 
@@ -60,8 +61,7 @@ class TaskMessage:
 
 
 def decode_message(payload: bytes) -> TaskMessage:
-    """The task of a stored virtual-transport message (what :func:`build_message` writes); PayloadError when the
-    bytes are not one."""
+    """The task of a stored virtual-transport message (what :func:`build_message` writes); else PayloadError."""
     try:
         message = json.loads(payload)
         headers = message["headers"]
@@ -192,6 +192,7 @@ class Workflows:
         broker: str | None = None,
         configure_broker: bool | None = None,
         relay_lease: float = DEFAULT_RELAY_LEASE,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.celery_app = celery_app
         #: ``"world"`` or ``"app"``: what carries this app's workflow deliveries (see :func:`broker_choice`).
@@ -226,6 +227,8 @@ class Workflows:
         if self.broker == "world":
             self._configure_celery(transport_options or {})
         worker_setup.connect_worker_signals(self)  # queues without -Q, pools per process, upkeep
+        if telemetry is not None:  # spans, metrics and log fields (celery_workflow.telemetry)
+            telemetry.bind(self)
         try:
             _BOUND[celery_app] = weakref.ref(self)
         except TypeError:  # an app object that cannot be weakly referenced: not found by workflows_of
@@ -489,11 +492,7 @@ class Workflows:
         named = task_names.parse(task.name)
         if named is not None and named.kind == "workflow" and len(task.args) == 1:
             return self.runtime.handle_workflow(
-                str(task.args[0]),
-                delivery_id=task.id,
-                claim=claim,
-                inline_until=inline_until,
-                workflow_name=named.name,
+                str(task.args[0]), delivery_id=task.id, claim=claim, inline_until=inline_until, workflow_name=named.name
             )
         if named is not None and named.kind == "step" and len(task.args) == 2:
             return self.runtime.handle_step(

@@ -198,6 +198,7 @@ class RunCreatedData(EventData):
     queue: str | None = None
     continues: str | None = None  # the run this one continues (continue_as_new)
     deadline: datetime | None = None  # when the run times out (``@wf.workflow(timeout=...)``), fixed at creation
+    traceparent: str | None = None  # the W3C trace context of the start() that created it (celery_workflow.telemetry)
 
 
 @_event(EventType.RUN_STARTED)

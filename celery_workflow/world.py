@@ -127,10 +127,14 @@ class NewRun:
     continues: str | None = None
     #: when the run times out (its workflow's ``timeout`` from its creation); recorded in its ``run_created``
     deadline: datetime | None = None
+    #: the W3C traceparent of the span that started the run (telemetry on); recorded in its ``run_created``
+    traceparent: str | None = None
 
     def event_data(self) -> dict[str, Any]:
         """The data of the run's ``run_created``."""
-        return RunCreatedData(self.workflow_name, self.input, self.queue, self.continues, self.deadline).to_data()
+        return RunCreatedData(
+            self.workflow_name, self.input, self.queue, self.continues, self.deadline, self.traceparent
+        ).to_data()
 
 
 @dataclass(frozen=True, slots=True)

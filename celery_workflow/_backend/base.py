@@ -24,6 +24,7 @@ from celery_workflow._backend.queue_contract import QueueStore
 from celery_workflow._backend.template import AppendRequest, AppendSteps
 from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES
 from celery_workflow.events import NewEvent, RunStatus, RunView
+from celery_workflow.telemetry.hooks import Probe, appended
 from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, Page, StreamPage
 
 __all__ = ["QueueStore", "StoreQueue", "StoreStreams", "StreamStore", "TemplateWorld"]
@@ -35,7 +36,10 @@ class TemplateWorld:
     """A World whose ``append`` is the template's; the subclass sets ``_steps`` in its constructor."""
 
     _steps: AppendSteps[Any]
+    #: what observes this World's appends (``Workflows(telemetry=...)`` sets it): nothing when None
+    telemetry: Probe | None = None
 
+    @appended
     def append(
         self,
         run_id: str,

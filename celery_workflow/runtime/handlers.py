@@ -56,6 +56,7 @@ from celery_workflow.runtime.control import Outcome, Refused, Restart, WorldFaul
 from celery_workflow.runtime.effects import RunEnded, WorkflowEffects
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import RUN_TIMED_OUT, Replay
+from celery_workflow.telemetry.hooks import Probe, delivered, started
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 
 log = logging.getLogger("celery_workflow")
@@ -121,6 +122,8 @@ class Runtime:
         #: exceptions a worker's time limit raises in a step body (Celery's SoftTimeLimitExceeded, set by app.py): an
         #: attempt of a step with a timeout that raises one is StepTimedOut
         self.timeout_errors: tuple[type[BaseException], ...] = ()
+        #: the telemetry hooks (``Workflows(telemetry=...)`` replaces this one, which records nothing)
+        self.telemetry: Probe = Probe()
 
     # -- queues ----------------------------------------------------------------------------------------------------
 
@@ -141,6 +144,7 @@ class Runtime:
 
     # -- outside calls ---------------------------------------------------------------------------------------------
 
+    @started
     def start(
         self, workflow_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], *, run_id: str | None = None
     ) -> tuple[RunView, bool]:
@@ -153,7 +157,7 @@ class Runtime:
         codec.check_size(data_input, self.max_payload, f"the input of workflow {workflow_name}")
         queue = self.queue_for(workflow_name)
         deadline = self.clock() + wdef.timeout if wdef.timeout is not None else None
-        new = NewRun(rid, workflow_name, data_input, queue, deadline=deadline)
+        new = NewRun(rid, workflow_name, data_input, queue, deadline=deadline, traceparent=self.telemetry.traceparent())
         first = self.dispatcher.workflow_delivery(rid, workflow_name, queue, not_before=None, idempotency_key="wake")
         return self.world.create_run(new, [first, *self._deadline_deliveries(new)])
 
@@ -253,6 +257,7 @@ class Runtime:
 
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
+    @delivered("workflow")
     def handle_workflow(
         self,
         run_id: str,
@@ -396,7 +401,13 @@ class Runtime:
             )
             # the successor keeps the chain's deadline (a timeout bounds the whole loop, not each hand-over)
             new = NewRun(
-                succ, run.workflow_name, successor_input, run.queue, continues=run.run_id, deadline=replay.deadline
+                succ,
+                run.workflow_name,
+                successor_input,
+                run.queue,
+                continues=run.run_id,
+                deadline=replay.deadline,
+                traceparent=self.telemetry.traceparent(),  # the successor's deliveries continue this trace
             )
             try:
                 view, created = self.world.create_run(new, [check, *self._deadline_deliveries(new)])
@@ -416,6 +427,7 @@ class Runtime:
 
     # -- step deliveries -------------------------------------------------------------------------------------------
 
+    @delivered("step")
     def handle_step(
         self,
         run_id: str,

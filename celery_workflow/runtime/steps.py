@@ -22,6 +22,7 @@ from celery_workflow.events import NewEvent
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import StepContext, StepMetadata
 from celery_workflow.runtime.registry import StepDef
+from celery_workflow.telemetry.hooks import attempted
 from celery_workflow.world import DEFAULT_MAX_PAYLOAD, World
 
 MAX_BACKOFF = 300.0
@@ -64,6 +65,7 @@ def error_info(exc: BaseException) -> dict[str, Any]:
     }
 
 
+@attempted
 def execute(
     world: World,
     sdef: StepDef,
