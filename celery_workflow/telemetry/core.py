@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -122,12 +123,12 @@ class Telemetry(Probe):
         runs_cached: int = 10_000,
     ) -> None:
         self.tracing: Tracing | None = _tracing(tracer_provider) if spans else None
-        self.metrics: Metrics | None = _metrics(registry) if metrics else None
+        self.metrics: Metrics | None = _metrics(registry, dead_letter_limit) if metrics else None
         self.log_fields = log_fields
         self.dead_letter_limit = dead_letter_limit
         self.runs_cached = runs_cached
         self._runs: OrderedDict[str, _RunFacts] = OrderedDict()
-        self._collectors: list[Any] = []
+        self._runs_lock = threading.Lock()  # a threads pool's deliveries share it
 
     # -- configuration ---------------------------------------------------------------------------------------------
 
@@ -139,13 +140,8 @@ class Telemetry(Probe):
             world.telemetry = self
         if self.metrics is not None:
             from celery_workflow import worker_setup
-            from celery_workflow.telemetry.metrics import QueueCollector
 
-            collector = QueueCollector(
-                world, lambda: worker_setup.known_queues(workflows), dead_letter_limit=self.dead_letter_limit
-            )
-            self.metrics.registry.register(collector)
-            self._collectors.append(collector)
+            self.metrics.queues.add(world, lambda: worker_setup.known_queues(workflows))
         if self.log_fields:
             logs.install()
 
@@ -162,7 +158,7 @@ class Telemetry(Probe):
             raise ConfigurationError("telemetry metrics are off (or prometheus_client is not installed)")
         from celery_workflow.telemetry import metrics
 
-        return metrics.exposition_registry(self.metrics.registry, self._collectors)
+        return metrics.exposition_registry(self.metrics.registry, self.metrics.queues)
 
     def serve_prometheus(self, port: int, addr: str = "0.0.0.0") -> Any:
         """Serve the metrics at ``http://addr:port/metrics`` from a daemon thread of this process; returns the HTTP
@@ -283,18 +279,20 @@ class Telemetry(Probe):
     # -- runs' trace contexts --------------------------------------------------------------------------------------
 
     def _remember(self, run_id: str, facts: _RunFacts) -> None:
-        self._runs[run_id] = facts
-        self._runs.move_to_end(run_id)
-        while len(self._runs) > self.runs_cached:
-            self._runs.popitem(last=False)
+        with self._runs_lock:
+            self._runs[run_id] = facts
+            self._runs.move_to_end(run_id)
+            while len(self._runs) > self.runs_cached:
+                self._runs.popitem(last=False)
 
     def _facts(self, world: Any, run_id: str) -> _RunFacts | None:
         """The run's creation facts: kept from an earlier delivery or start here, else read from its first event
         (None when it cannot be read: the delivery's span then starts a trace of its own)."""
-        found = self._runs.get(run_id)
-        if found is not None:
-            self._runs.move_to_end(run_id)
-            return found
+        with self._runs_lock:
+            found = self._runs.get(run_id)
+            if found is not None:
+                self._runs.move_to_end(run_id)
+                return found
         try:
             first = world.list_events(run_id, limit=1)
         except Exception:  # the handler reads the run itself and says what is wrong with it
@@ -328,7 +326,7 @@ def _tracing(provider: Any) -> Tracing | None:
     return Tracing(provider)
 
 
-def _metrics(registry: Any) -> Metrics | None:
+def _metrics(registry: Any, dead_letter_limit: int) -> Metrics | None:
     try:
         from prometheus_client import CollectorRegistry
 
@@ -336,4 +334,4 @@ def _metrics(registry: Any) -> Metrics | None:
     except ImportError:
         log.info("celery_workflow telemetry: prometheus_client is not installed; no metrics")
         return None
-    return Metrics(registry if registry is not None else CollectorRegistry())
+    return Metrics(registry if registry is not None else CollectorRegistry(), dead_letter_limit=dead_letter_limit)

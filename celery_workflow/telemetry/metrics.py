@@ -35,8 +35,10 @@ APPEND_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 class Metrics:
     """The counters and histograms, registered on ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, dead_letter_limit: int = 1000) -> None:
         self.registry = registry
+        self.queues = QueueCollector(dead_letter_limit=dead_letter_limit)
+        registry.register(self.queues)
         self.runs_started = Counter(
             "celery_workflow_runs_started", "Runs created by start()", ["workflow"], registry=registry
         )
@@ -82,62 +84,72 @@ class Metrics:
         )
 
 
-class QueueCollector(Collector):
-    """Read at scrape time from the World: ``celery_workflow_queue_depth`` (deliveries stored, claimed or not),
-    ``celery_workflow_queue_lag_seconds`` (how long the oldest claimable delivery has been waiting; 0 when none is
-    late) per queue ``queues()`` names, and ``celery_workflow_dead_letters`` per queue (counted up to
-    ``dead_letter_limit``). A World whose queue store cannot tell a figure leaves it out; a read that fails is
-    logged and its family left out of that scrape."""
+#: The gauges :class:`QueueCollector` reads, with their help texts.
+QUEUE_GAUGES = {
+    "celery_workflow_queue_depth": "Deliveries stored on the queue",
+    "celery_workflow_queue_lag_seconds": "How long the queue's oldest claimable delivery has been due (0: none waits)",
+    "celery_workflow_dead_letters": "Dead letters kept for the queue (counted up to a limit)",
+}
 
-    def __init__(self, world: Any, queues: Callable[[], list[str]], *, dead_letter_limit: int = 1000) -> None:
-        self.world = world
-        self.queues = queues
+
+class QueueCollector(Collector):
+    """Read at scrape time from the Worlds added (:meth:`add`): ``celery_workflow_queue_depth`` (deliveries stored,
+    claimed or not), ``celery_workflow_queue_lag_seconds`` (how long the oldest claimable delivery has been waiting;
+    0 when none is late) per queue each World's ``queues()`` names, and ``celery_workflow_dead_letters`` per queue
+    (counted up to ``dead_letter_limit``). A World whose queue store cannot tell a figure leaves it out; a read that
+    fails is logged and left out of that scrape. A queue named by two sources is read from the first."""
+
+    def __init__(self, *, dead_letter_limit: int = 1000) -> None:
+        self.sources: list[tuple[Any, Callable[[], list[str]]]] = []
         self.dead_letter_limit = dead_letter_limit
 
+    def add(self, world: Any, queues: Callable[[], list[str]]) -> None:
+        self.sources.append((world, queues))
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The names it yields (so registering it reads no World)."""
+        return [GaugeMetricFamily(name, text, labels=["queue"]) for name, text in QUEUE_GAUGES.items()]
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        store = getattr(self.world, "store", None)
-        names = self.queues()
-        for family in (self._depth, self._lag, self._dead_letters):
-            try:
-                found = family(store, names)
-            except Exception as exc:
-                log.warning("celery_workflow metrics: %s not read (%s: %s)", family.__name__, type(exc).__name__, exc)
-                continue
-            if found is not None:
-                yield found
+        families = {family.name: family for family in self.describe()}
+        read: dict[str, set[str]] = {name: set() for name in families}
+        for world, queues in self.sources:
+            store = getattr(world, "store", None)
+            for reader in (self._depth, self._lag, self._dead_letters):
+                try:
+                    name, found = reader(world, store, queues())
+                except Exception as exc:
+                    log.warning(
+                        "celery_workflow metrics: %s not read (%s: %s)", reader.__name__, type(exc).__name__, exc
+                    )
+                    continue
+                for queue, value in found.items():
+                    if queue not in read[name]:
+                        read[name].add(queue)
+                        families[name].add_metric([queue], value)
+        yield from (family for name, family in families.items() if read[name])
 
-    def _depth(self, store: Any, names: list[str]) -> GaugeMetricFamily | None:
+    def _depth(self, world: Any, store: Any, names: list[str]) -> tuple[str, dict[str, float]]:
         size = getattr(store, "size", None)
-        if not callable(size):
-            return None
-        family = GaugeMetricFamily("celery_workflow_queue_depth", "Deliveries stored on the queue", labels=["queue"])
-        for name in names:
-            family.add_metric([name], float(size(name)))
-        return family
+        found = {name: float(size(name)) for name in names} if callable(size) else {}
+        return "celery_workflow_queue_depth", found
 
-    def _lag(self, store: Any, names: list[str]) -> GaugeMetricFamily | None:
+    def _lag(self, world: Any, store: Any, names: list[str]) -> tuple[str, dict[str, float]]:
         due_times = getattr(store, "due_times", None)
         if not callable(due_times):
-            return None
+            return "celery_workflow_queue_lag_seconds", {}
         due: Mapping[str, float] = due_times(names)
         now = time.time()
-        family = GaugeMetricFamily(
-            "celery_workflow_queue_lag_seconds",
-            "How long the queue's oldest claimable delivery has been due (0: none is waiting)",
-            labels=["queue"],
-        )
-        for name in names:
-            family.add_metric([name], max(0.0, now - due[name]) if name in due else 0.0)
-        return family
+        return "celery_workflow_queue_lag_seconds", {n: max(0.0, now - due[n]) if n in due else 0.0 for n in names}
 
-    def _dead_letters(self, store: Any, names: list[str]) -> GaugeMetricFamily | None:
+    def _dead_letters(self, world: Any, store: Any, names: list[str]) -> tuple[str, dict[str, float]]:
         from celery_workflow import dead_letters
         from celery_workflow.errors import ConfigurationError
 
         try:
-            letters = dead_letters.dead_letter_store(self.world)
+            letters = dead_letters.dead_letter_store(world)
         except ConfigurationError:
-            return None
+            return "celery_workflow_dead_letters", {}
         counts = dict.fromkeys(names, 0)
         after: int | str = 0
         seen = 0
@@ -149,25 +161,19 @@ class QueueCollector(Collector):
             if len(page) < 100:
                 break
             after = page[-1].id
-        family = GaugeMetricFamily(
-            "celery_workflow_dead_letters", "Dead letters kept for the queue (counted up to a limit)", labels=["queue"]
-        )
-        for name, count in counts.items():
-            family.add_metric([name], float(count))
-        return family
+        return "celery_workflow_dead_letters", {name: float(count) for name, count in counts.items()}
 
 
-def exposition_registry(own: CollectorRegistry, collectors: list[Collector]) -> CollectorRegistry:
-    """What :func:`serve` answers with: ``own`` (this process's metrics, the collectors registered on it), or, in
-    multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set), a registry reading every process's files plus
-    ``collectors``."""
+def exposition_registry(own: CollectorRegistry, queues: Collector) -> CollectorRegistry:
+    """What :func:`serve` answers with: ``own`` (this process's metrics and the ``queues`` collector registered on
+    it), or, in multiprocess mode (``PROMETHEUS_MULTIPROC_DIR`` set), a registry reading every process's files plus
+    ``queues``."""
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if not path:
         return own
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
-    for collector in collectors:
-        registry.register(collector)
+    registry.register(queues)
     return registry
 
 

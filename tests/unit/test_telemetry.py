@@ -20,7 +20,7 @@ from celery import Celery
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_workflow import RetryableError, Workflows
 from celery_workflow.event_data import RunCreatedData
@@ -208,6 +208,30 @@ def test_queue_depth_lag_and_dead_letters_are_read_when_scraped(tmp_path: Path) 
         assert traced.value("celery_workflow_queue_depth", queue="celery") == 1
     finally:
         wf.close()
+
+
+def test_one_telemetry_for_two_apps_reads_both_worlds_queues(tmp_path: Path) -> None:
+    traced = Traced(spans=False)
+    first = Workflows(
+        Celery("a"), world=f"sqlite:///{tmp_path / 'a.sqlite3'}", broker="app", telemetry=traced.telemetry
+    )
+    second = Workflows(
+        Celery("b"), world=f"sqlite:///{tmp_path / 'b.sqlite3'}", broker="app", telemetry=traced.telemetry
+    )
+    try:
+        register(first).start(1)
+        second.route("flow", "bulk")  # the same workflow on the second app, on a queue of its own
+        register(second).start(2)
+        second.start("flow", 3)
+        assert traced.value("celery_workflow_queue_depth", queue="celery") == 1
+        assert traced.value("celery_workflow_queue_depth", queue="bulk") == 2
+        assert traced.value("celery_workflow_runs_started_total", workflow="flow") == 3
+        # one family per name in what is served (a second TYPE line would fail the whole scrape)
+        text = generate_latest(traced.registry).decode()
+        assert text.count("# TYPE celery_workflow_queue_depth gauge") == 1, text
+    finally:
+        first.close()
+        second.close()
 
 
 def test_log_records_carry_the_run_step_and_attempt(app: Workflows, traced: Traced) -> None:
