@@ -73,6 +73,16 @@ class StorageConformance(Conformance):
         assert event.data == event.body.to_data()  # stored as given
         assert world.get_run(run_id) == view
 
+    def test_create_run_keeps_the_trace_context_of_its_start(self, world: World) -> None:
+        """Telemetry: the W3C traceparent recorded in ``run_created`` comes back to every reader (a worker's
+        deliveries continue the run's trace from it)."""
+        traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        run_id = ids.new_run_id()
+        world.create_run(NewRun(run_id, "wf", {"args": [], "kwargs": {}}, traceparent=traceparent))
+        (event,) = world.list_events(run_id, limit=1)
+        assert isinstance(event.body, RunCreatedData) and event.body.traceparent == traceparent
+        assert event.data["traceparent"] == traceparent
+
     def test_create_run_is_idempotent_by_run_id(self, world: World) -> None:
         queue = unique("q")
         first = create(world, deliveries=(delivery(queue, b"first"),))
