@@ -11,6 +11,7 @@
     workflow migrate                                                      apply the World's schema migrations
     workflow sweep-expired                                                delete the runs past their retention
     workflow create-table NAME                                            the AWS World's DynamoDB table
+    workflow provision NAME [--queue KEY] [--fifo-queue KEY]              the AWS World's table and queues (export lines)
     workflow inspector [--host H] [--port 8000]                           serve the run inspector
     workflow demo                                                         the example workflow on a real worker
 
@@ -29,7 +30,7 @@ from typing import Any, TextIO
 
 import click
 
-from celery_workflow.cli.admin import create_table, demo, inspector, migrate, sweep_expired
+from celery_workflow.cli.admin import create_table, demo, inspector, migrate, provision, sweep_expired
 from celery_workflow.cli.dead_letters import dead_letters
 from celery_workflow.cli.relay import relay
 from celery_workflow.cli.runs import runs
@@ -54,7 +55,18 @@ def workflow(ctx: click.Context, world: str | None) -> None:
     ctx.call_on_close(session.close)
 
 
-for _command in (runs, dead_letters, scheduled, relay, migrate, sweep_expired, create_table, inspector, demo):
+for _command in (
+    runs,
+    dead_letters,
+    scheduled,
+    relay,
+    migrate,
+    sweep_expired,
+    create_table,
+    provision,
+    inspector,
+    demo,
+):
     workflow.add_command(_command)
 
 

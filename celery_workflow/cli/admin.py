@@ -1,4 +1,5 @@
-"""The commands around the runs: ``demo``, ``migrate``, ``sweep-expired``, ``create-table`` and ``inspector``.
+"""The commands around the runs: ``demo``, ``migrate``, ``sweep-expired``, ``create-table``, ``provision`` and
+``inspector``.
 
 * ``migrate`` applies the World's pending schema migrations one by one (each in its own transaction, recorded with
   its version, so an interrupted migration resumes where it stopped), with progress. ``celery-workflow migrate``
@@ -6,11 +7,15 @@
   migrated) its World already, unless it was opened with ``migrate=False``. Worlds without a schema (AWS) say so.
 * ``sweep-expired`` deletes the ended runs past their retention, as the World's own configuration sets it
   (``PostgresConfig(retention=…)``): run it as ``celery -A app workflow sweep-expired``.
+* ``provision`` creates an AWS World's table and queues as the Terraform module names them and prints their
+  environment as ``export`` lines (:func:`celery_workflow._aws.provision.provision`): the path to an emulator.
 * ``inspector`` serves the run inspector (:func:`celery_workflow.inspector.server.serve`) until interrupted.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 import sys
 import threading
 import time
@@ -23,7 +28,7 @@ from celery_workflow.cli.session import BadInput, Progress, Session, is_tty
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.world import World
 
-__all__ = ["create_table", "demo", "inspector", "migrate", "sweep_expired"]
+__all__ = ["create_table", "demo", "inspector", "migrate", "provision", "sweep_expired"]
 
 T = TypeVar("T")
 
@@ -134,6 +139,77 @@ def create_table(name: str, timeout: float) -> None:
     click.echo(f"creating DynamoDB table {name} (waiting until it is active) …")
     create(boto3.client("dynamodb"), name, timeout=timeout)
     click.echo(f"table {name} is active")
+
+
+@click.command("provision")
+@click.argument("name")
+@click.option("--queue", "queues", multiple=True, metavar="KEY", help="A routed queue <NAME>-<KEY> (repeat).")
+@click.option("--fifo-queue", "fifo_queues", multiple=True, metavar="KEY", help="A FIFO routed queue (repeat).")
+@click.option(
+    "--scheduler-role-arn",
+    metavar="ARN",
+    help="Create the schedule group NAME and configure the Scheduler with this role (FIFO queues need it).",
+)
+@click.option("--max-receive-count", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--visibility-timeout", type=click.IntRange(0, 43200), default=360, show_default=True, help="Seconds.")
+@click.option(
+    "--wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds to wait for the endpoint to answer (an emulator just started).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the environment as a JSON object.")
+def provision(  # click passes every option by keyword
+    *,
+    name: str,
+    queues: tuple[str, ...],
+    fifo_queues: tuple[str, ...],
+    scheduler_role_arn: str | None,
+    max_receive_count: int,
+    visibility_timeout: int,
+    wait: float,
+    as_json: bool,
+) -> None:
+    """Create an AWS World's table NAME, its task queue NAME-tasks and the routed queues NAME-KEY (each with a
+    dead-letter queue), named as the Terraform module names them, then print the World's environment as export lines
+    (with CELERY_WORKFLOW_URL=aws://): eval "$(celery-workflow provision NAME --queue backfill)". boto3 clients from the
+    environment (region, credentials, AWS_ENDPOINT_URL). Idempotent; no IAM: for a real account use terraform/."""
+    try:
+        import boto3
+
+        from celery_workflow._aws.provision import provision as make
+        from celery_workflow._aws.provision import wait_for_endpoint
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise BadInput("provision needs boto3: pip install 'celery-workflow[aws]'") from exc
+    overlap = set(queues) & set(fifo_queues)
+    if overlap:
+        raise BadInput(f"queue {sorted(overlap)[0]!r} given both as --queue and --fifo-queue")
+    dynamodb = boto3.client("dynamodb")
+    try:
+        wait_for_endpoint(dynamodb, wait)
+        environment = make(
+            name,
+            {**dict.fromkeys(queues, False), **dict.fromkeys(fifo_queues, True)},
+            dynamodb=dynamodb,
+            sqs=boto3.client("sqs"),
+            scheduler=boto3.client("scheduler") if scheduler_role_arn else None,
+            scheduler_role_arn=scheduler_role_arn,
+            max_receive_count=max_receive_count,
+            visibility_timeout=visibility_timeout,
+        )
+    except ConfigurationError as exc:
+        raise BadInput(str(exc)) from exc
+    environment = {"CELERY_WORKFLOW_URL": "aws://", **environment}
+    click.echo(
+        f"provisioned table {name} and queues {name}-tasks" + "".join(f", {name}-{k}" for k in (*queues, *fifo_queues)),
+        err=True,
+    )
+    if as_json:
+        click.echo(json.dumps(environment, indent=2))
+    else:
+        for key, value in environment.items():
+            click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @click.command()
