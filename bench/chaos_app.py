@@ -1,6 +1,7 @@
 """The workflow app of ``python -m bench.chaos``: runs with inline steps, parallel steps, durable sleeps and a hook.
 
-The World comes from ``CELERY_WORKFLOW_URL``; ``CW_LEASE`` sets the transport lease (short, so a killed worker's
+The World comes from ``CELERY_WORKFLOW_URL``; ``CW_AWS_FAULTS`` injects faults into boto3 calls
+(:mod:`bench.aws_faults`); ``CW_LEASE`` sets the transport lease (short, so a killed worker's
 deliveries come back quickly). Every execution of a step body appends one line ``<run id> <step id> <attempt> <pid>``
 to ``$CW_CHAOS_DIR/executions.log`` (one ``write`` of an ``O_APPEND`` file: lines never interleave), so the driver
 can count bodies that ran more than once (allowed: steps run at least once and are recorded exactly once).
@@ -15,8 +16,10 @@ from typing import Any
 
 from celery import Celery
 
+from bench.aws_faults import install_from_env
 from celery_workflow import Workflows, create_hook, gather, sleep, step_metadata
 
+install_from_env()  # CW_AWS_FAULTS (AWS World): faults in this process's boto3 calls, before the World's clients exist
 celery_app = Celery("chaos_app")
 wf = Workflows(
     celery_app,
