@@ -1,7 +1,7 @@
 """``python -m bench.chaos``: workflow runs on real Celery workers while workers are SIGKILLed (and, on Postgres, the
 database server is restarted), then checks that nothing was lost or recorded twice and that workers stop in time.
 
-What it does, on one World (``--world sqlite|postgres``):
+What it does, on one World (``--world sqlite|postgres|aws``):
 
 1. Starts ``--workers`` ``celery -A bench.chaos_app worker -c 2`` processes, each in its own process group, with a
    short transport lease (``--lease``, 2 s) so a killed worker's deliveries come back quickly.
@@ -13,7 +13,10 @@ What it does, on one World (``--world sqlite|postgres``):
    (``pg_ctl restart -m immediate``, a crash and recovery) on a private throwaway cluster (``initdb`` into a temporary
    folder, as the ``postgres`` OS user when run as root, on a free port), never the shared server. Where no cluster
    can be made it falls back to a fresh schema on ``DATABASE_URL`` and ``pg_terminate_backend`` of the schema's
-   connections instead, and says so.
+   connections instead, and says so. On AWS (``--world aws``: DynamoDB and SQS on the project's moto server, in a
+   process of its own, DynamoDB requests serialised) the workers' boto3 calls meet injected faults (``--faults``,
+   :mod:`bench.aws_faults`): transactions cancelled for ``TransactionConflict``, throttled requests, and received
+   SQS messages sent again at once so that the same delivery is handled twice, concurrently.
 4. After ``--duration`` seconds the chaos stops; it waits (at most ``--settle`` seconds) for every run to end, then
    checks: every run completed with the right output; each step has exactly one ``step_completed`` event; every event
    log has slots 1..n without gaps (n = the run's event count); no dead letters. Step bodies that ran more than once
@@ -48,7 +51,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench.chaos_procs import APP, PrivateCluster, SharedSchema, Stop, Worker, log, stop_workers
+from bench.aws_faults import count_faults
+from bench.chaos_procs import APP, Emulator, PrivateCluster, SharedSchema, Stop, Worker, log, stop_workers
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: Runs are started evenly over this share of the chaos's duration (the rest lets the last ones finish under it).
@@ -80,6 +84,7 @@ class Config:
     logdir: Path | None = None
     seed: int | None = None
     keep_failed: bool = True  # keep a private cluster (stopped) when a check failed
+    faults: str = "conflict=0.2,throttle=0.03,dup=0.2"  # AWS: CW_AWS_FAULTS of the workers (bench.aws_faults)
 
 
 @dataclass
@@ -101,6 +106,7 @@ class Figures:
     reexecuted: int = 0
     dead_letters: int = 0
     client_retries: int = 0
+    injected: dict[str, int] = field(default_factory=dict)  # AWS: faults by kind (conflict, throttle, dup)
     stops: list[Stop] = field(default_factory=list)
     wall: float = 0.0
     failures: list[str] = field(default_factory=list)
@@ -134,6 +140,16 @@ class Figures:
             ("step bodies run (re-executed)", f"{self.executions} ({self.reexecuted})"),
             ("dead letters", str(self.dead_letters)),
             ("client calls retried", str(self.client_retries)),
+            *(
+                [
+                    (
+                        "injected: conflicts / throttles / SQS duplicates",
+                        " / ".join(str(self.injected.get(k, 0)) for k in ("conflict", "throttle", "dup")),
+                    )
+                ]
+                if self.injected
+                else []
+            ),
             (f"worker exit after SIGTERM to the {self.term}, max / median s", self.exits()),
             ("wall time s", f"{self.wall:.0f}"),
         ]
@@ -186,6 +202,7 @@ class Chaos:
         self.cfg = cfg
         self.app = app
         self.env = env
+        self.worker_env = {**env, "CW_AWS_FAULTS": cfg.faults} if cfg.world == "aws" and cfg.faults else env
         self.logdir = logdir
         self.database = database
         self.rng = random.Random(cfg.seed)
@@ -204,8 +221,10 @@ class Chaos:
         return f"chaos-{i}"
 
     def spawn(self) -> Worker:
-        self._serial += 1
-        worker = Worker(f"chaos{self._serial}", self.env, self.logdir, self.cfg.concurrency)
+        with self.lock:
+            self._serial += 1
+            name = f"chaos{self._serial}"
+        worker = Worker(name, self.worker_env, self.logdir, self.cfg.concurrency)
         if not worker.wait_ready():
             log(f"worker {worker.name} not ready (see {worker.log})")
         with self.lock:
@@ -298,9 +317,14 @@ def run_chaos(cfg: Config) -> Figures:
                 database = SharedSchema(cfg.database_url)
             stack.callback(lambda: database.close(keep=bool(figures.failures) and cfg.keep_failed))
             url, kind = database.url, database.kind
+        elif cfg.world == "aws":
+            emulator = Emulator(logdir, visibility_timeout=max(1, math.ceil(cfg.lease)))
+            stack.callback(emulator.close)
+            url, kind = "aws://", emulator.kind
         else:
             raise ValueError(f"unknown World {cfg.world!r}")
         env = {
+            **(emulator.env if cfg.world == "aws" else {}),
             "CELERY_WORKFLOW_URL": url,
             "CW_LEASE": str(cfg.lease),
             "CW_CHAOS_DIR": str(markers),
@@ -311,8 +335,11 @@ def run_chaos(cfg: Config) -> Figures:
         app = stack.enter_context(chaos_app(env))
         chaos = Chaos(cfg, app, env, logdir, database)
         try:
-            for _ in range(cfg.workers):
-                chaos.spawn()
+            spawning = [threading.Thread(target=chaos.spawn, name="chaos-spawn") for _ in range(cfg.workers)]
+            for t in spawning:  # side by side: each takes seconds to get ready
+                t.start()
+            for t in spawning:
+                t.join()
             threads = [
                 threading.Thread(target=chaos.start_runs, name="chaos-starts", daemon=True),
                 threading.Thread(target=chaos.resume_hooks, name="chaos-hooks", daemon=True),
@@ -333,6 +360,8 @@ def run_chaos(cfg: Config) -> Figures:
                 t.join()
             figures.kills, figures.restarts = chaos.kills, chaos.restarts
             verify(app, cfg, chaos, markers, figures)
+            if cfg.world == "aws":
+                figures.injected = count_faults(markers / "faults.log")
         finally:
             chaos.stop.set()
             chaos.done.set()
@@ -367,6 +396,8 @@ def settle_runs(app: ModuleType, chaos: Chaos, timeout: float) -> None:
             time.sleep(0.25)
     if pending:
         log(f"{len(pending)} run(s) not ended after {timeout:.0f} s: {sorted(pending)[:10]}")
+    else:
+        log(f"every run ended {timeout - (deadline - time.monotonic()):.1f} s after the chaos")
 
 
 def describe_run(world: Any, run_id: str) -> str:
@@ -452,7 +483,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, list[str]]:
     p = argparse.ArgumentParser(
         prog="python -m bench.chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--world", action="append", choices=["sqlite", "postgres"], help="repeat for both (default: both)")
+    p.add_argument(
+        "--world",
+        action="append",
+        choices=["sqlite", "postgres", "aws"],
+        help="repeat for several (default: sqlite and postgres)",
+    )
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=2, help="prefork processes per worker (-c)")
@@ -472,6 +508,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, list[str]]:
     p.add_argument("--exit-wait", type=float, default=60.0, help="how long to wait before dumping stacks, s")
     p.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_DATABASE_URL))
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--faults", default=Config.faults, help="AWS: faults injected into the workers' boto3 calls (bench.aws_faults)"
+    )
     args = p.parse_args(argv)
     cfg = Config(
         runs=args.runs,
@@ -491,6 +530,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, list[str]]:
         exit_wait=args.exit_wait,
         database_url=args.database_url,
         seed=args.seed,
+        faults=args.faults,
     )
     return cfg, args.world or ["sqlite", "postgres"]
 

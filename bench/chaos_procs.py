@@ -290,3 +290,59 @@ class SharedSchema:
             return
         with self._psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+
+
+class Emulator:
+    """The project's moto server (``python -m celery_workflow.testing.moto_server``) in a process of its own (not
+    this one: the driver's client threads would share its interpreter lock), with the AWS World's table and task queue
+    provisioned on it. ``env`` is the workers' and the client's environment (``aws://``)."""
+
+    kind = "moto server, DynamoDB serialised"
+
+    def __init__(self, logdir: Path, visibility_timeout: int) -> None:
+        self._log = (logdir / "moto.log").open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery_workflow.testing.moto_server", "--port", "0"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert self.proc.stdout is not None
+            exports = [self.proc.stdout.readline().split(" ", 1)[1].strip() for _ in range(4)]
+            emulator = dict(line.split("=", 1) for line in exports)
+            import boto3
+
+            from celery_workflow._aws.provision import provision
+
+            def client(service: str) -> object:
+                return boto3.session.Session().client(
+                    service,
+                    endpoint_url=emulator["AWS_ENDPOINT_URL"],
+                    region_name=emulator["AWS_DEFAULT_REGION"],
+                    aws_access_key_id=emulator["AWS_ACCESS_KEY_ID"],
+                    aws_secret_access_key=emulator["AWS_SECRET_ACCESS_KEY"],
+                )
+
+            world = provision(
+                "chaos", {}, dynamodb=client("dynamodb"), sqs=client("sqs"), visibility_timeout=visibility_timeout
+            )
+        except BaseException:
+            self.close()
+            raise
+        self.env = {**emulator, **world, "CELERY_WORKFLOW_URL": "aws://"}
+
+    def close(self, keep: bool = False) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
