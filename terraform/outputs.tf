@@ -14,6 +14,15 @@ locals {
       WORKFLOW_SCHEDULER_ROLE_ARN = aws_iam_role.scheduler[0].arn
     } : {},
   )
+
+  # An emulator's variables for a shell (never for a Lambda function's environment: AWS reserves these names there).
+  emulator_variables = var.emulator_endpoint == null ? {} : {
+    AWS_ENDPOINT_URL      = trimsuffix(var.emulator_endpoint, "/")
+    AWS_DEFAULT_REGION    = local.region
+    AWS_ACCESS_KEY_ID     = var.emulator_credentials.access_key_id
+    AWS_SECRET_ACCESS_KEY = var.emulator_credentials.secret_access_key
+  }
+  shell_variables = merge(local.environment, local.emulator_variables)
 }
 
 output "environment" {
@@ -22,8 +31,13 @@ output "environment" {
 }
 
 output "shell_environment" {
-  description = "The environment output as POSIX shell export lines, for a shell or a container entrypoint: eval \"$(terraform output -raw shell_environment)\"."
-  value       = join("\n", [for key, value in local.environment : "export ${key}='${replace(value, "'", "'\\''")}'"])
+  description = "The environment output as POSIX shell export lines, for a shell or a container entrypoint: eval \"$(terraform output -raw shell_environment)\". With emulator_endpoint, the emulator's variables too (emulator_environment)."
+  value       = join("\n", [for key, value in local.shell_variables : "export ${key}='${replace(value, "'", "'\\''")}'"])
+}
+
+output "emulator_environment" {
+  description = "With emulator_endpoint: AWS_ENDPOINT_URL, AWS_DEFAULT_REGION (the provider's region), AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (emulator_credentials), what boto3 needs to reach the emulator; null without it."
+  value       = var.emulator_endpoint == null ? null : local.emulator_variables
 }
 
 output "table_name" {

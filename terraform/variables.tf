@@ -157,3 +157,32 @@ variable "queues" {
     error_message = "queues: max_receive_count must be null or a whole number from 1 to 1000."
   }
 }
+
+variable "emulator_endpoint" {
+  description = "URL of an AWS emulator (e.g. http://127.0.0.1:4566, python -m celery_workflow.testing.moto_server) that the provider's endpoints point at. Setting it adds the emulator's variables (AWS_ENDPOINT_URL, AWS_DEFAULT_REGION and emulator_credentials) to shell_environment and fills emulator_environment. It does not configure the provider: see \"Against an emulator\" in the README."
+  type        = string
+  default     = null
+
+  validation {
+    condition     = var.emulator_endpoint == null || can(regex("^https?://[^/]+/?$", var.emulator_endpoint))
+    error_message = "emulator_endpoint must be null or an http:// or https:// URL of a host and port, without a path (e.g. http://127.0.0.1:4566)."
+  }
+}
+
+variable "emulator_credentials" {
+  description = "Dummy credentials the emulator accepts, exported with emulator_endpoint as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY. They appear in the outputs in clear: never put real credentials here."
+  type = object({
+    access_key_id     = string
+    secret_access_key = string
+  })
+  default = {
+    access_key_id     = "testing"
+    secret_access_key = "testing"
+  }
+  nullable = false
+
+  validation {
+    condition     = length(var.emulator_credentials.access_key_id) > 0 && length(var.emulator_credentials.secret_access_key) > 0
+    error_message = "emulator_credentials: access_key_id and secret_access_key must not be empty (an emulator accepts any value, e.g. \"testing\")."
+  }
+}

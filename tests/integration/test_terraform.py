@@ -124,6 +124,7 @@ module "workflow" {
   source = "@MODULE@"
 
   name                = "cwtf"
+  emulator_endpoint   = "@MOTO@"
   deletion_protection = false
   worker_role_name    = aws_iam_role.worker.name
   api_role_name       = aws_iam_role.api.name
@@ -331,6 +332,9 @@ BAD_INPUTS = {
     "queues = { x-dlq = {} }": "must not end in -dlq",
     "queues = { ordered = { fifo = true, batch_size = 11 } }": "at most 10 for a FIFO queue",
     "queues = { q = { maximum_concurrency = 1001 } }": "queues: maximum_concurrency must be null",
+    'emulator_endpoint = "127.0.0.1:4566"': "emulator_endpoint must be null or an http:// or https:// URL",
+    'emulator_endpoint = "http://127.0.0.1:4566/path"': "emulator_endpoint must be null or an http:// or https:// URL",
+    'emulator_credentials = { access_key_id = "", secret_access_key = "x" }': "emulator_credentials: access_key_id",
 }
 
 
@@ -382,6 +386,37 @@ def test_a_fifo_queue_needs_the_scheduler(
     said = " ".join(str(failed.value).split())  # Terraform wraps its messages
     assert 'queues["ordered"] is FIFO' in said
     assert "set enable_scheduler = true" in said
+
+
+def test_emulator_inputs_plan_the_emulators_environment(
+    moto: str, terraform_setup: tuple[str, Path], applying: Deployment, tmp_path: Path
+) -> None:
+    """``emulator_endpoint`` and ``emulator_credentials`` make ``emulator_environment`` (known at plan time: the
+    endpoint, the provider's region, the credentials); without them it is null. The provider block is the README's
+    "Against an emulator" one."""
+    readme = (MODULE_DIR / "README.md").read_text()
+    block = readme.split("## Against an emulator\n", 1)[1].split("```hcl\n", 1)[1]
+    provider = block[: block.index("\n}\n") + 3].replace("http://127.0.0.1:4566", moto)  # its provider block
+    assert provider.startswith('provider "aws" {')
+    (tmp_path / "main.tf").write_text(
+        provider
+        + f'module "emulated" {{\n  source = "{MODULE_DIR}"\n  emulator_endpoint = "{moto}/"\n'
+        + '  emulator_credentials = { access_key_id = "AKEMU", secret_access_key = "s3cr3t" }\n}\n'
+        + f'module "real" {{\n  source = "{MODULE_DIR}"\n  name = "real"\n}}\n'
+        + 'output "emulated" {\n  value = module.emulated.emulator_environment\n}\n'
+        + 'output "real" {\n  value = module.real.emulator_environment\n}\n'
+    )
+    terraform = Terraform(*terraform_setup, tmp_path)
+    terraform.init()
+    terraform.run("plan", "-no-color", "-input=false", "-refresh=false", "-out=plan")
+    planned = json.loads(terraform.run("show", "-json", "-no-color", "plan").stdout)["planned_values"]["outputs"]
+    assert planned["emulated"]["value"] == {
+        "AWS_ENDPOINT_URL": moto,  # without the trailing slash
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "AKEMU",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+    }
+    assert planned["real"].get("value") is None
 
 
 def test_the_repository_module_holds_no_working_files() -> None:
@@ -487,6 +522,17 @@ def test_environment_output_builds_the_world_config(deployment: Deployment) -> N
     script = main["shell_environment"] + '\nexec python3 -c "import json, os; print(json.dumps(dict(os.environ)))"'
     exported = json.loads(subprocess.run(["bash", "-c", script], check=True, capture_output=True, text=True).stdout)
     assert {key: exported.get(key) for key in env} == env
+    # with emulator_endpoint, the emulator's variables too: the World built from the exports reaches moto
+    emulator = {
+        "AWS_ENDPOINT_URL": deployment.moto,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    assert main["emulator_environment"] == emulator
+    assert {key: exported.get(key) for key in emulator} == emulator
+    assert deployment.plain["emulator_environment"] is None
+    assert "AWS_" not in deployment.plain["shell_environment"]
 
     plain_env = deployment.plain["environment"]
     assert set(plain_env) == {"WORKFLOW_TABLE", "WORKFLOW_QUEUE_URL", "WORKFLOW_QUEUES"}
