@@ -297,12 +297,16 @@ class Emulator:
     this one: the driver's client threads would share its interpreter lock), with the AWS World's table and task queue
     provisioned on it. ``env`` is the workers' and the client's environment (``aws://``)."""
 
-    kind = "moto server, DynamoDB serialised"
-
-    def __init__(self, logdir: Path, visibility_timeout: int) -> None:
+    def __init__(self, logdir: Path, visibility_timeout: int, *, undo_log: bool = True) -> None:
+        # undo_log: bench.moto_undo in the server, so that a transaction costs what its items do, not a copy of the
+        # whole table per action (0.5 s a transaction at a thousand items: the chaos would measure moto)
+        self.kind = "moto server, DynamoDB serialised" + (", transactions with an undo log" if undo_log else "")
+        server = "from celery_workflow.testing.moto_server import main; raise SystemExit(main(['--port', '0']))"
+        if undo_log:
+            server = "from bench.moto_undo import install; install(); " + server
         self._log = (logdir / "moto.log").open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery_workflow.testing.moto_server", "--port", "0"],
+            [sys.executable, "-c", server],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
             stdout=subprocess.PIPE,
