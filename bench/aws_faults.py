@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["FaultRates", "count_faults", "install", "install_from_env"]
+__all__ = ["FaultRates", "count_faults", "install", "install_from_env", "record_fault"]
 
 ENV = "CW_AWS_FAULTS"
 TRANSACTIONS = frozenset({"TransactWriteItems", "TransactGetItems"})
@@ -72,11 +72,7 @@ class _Injector:
             return share > 0 and self.rng.random() < share
 
     def record(self, kind: str, operation: str) -> None:
-        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, f"{kind} {operation} {os.getpid()}\n".encode())
-        finally:
-            os.close(fd)
+        record_fault(kind, operation, self.log)
 
     def dynamodb(self, model: Any, params: Any, **_: Any) -> Any:
         """``before-call.dynamodb``: an error response instead of the request, or None to send it."""
@@ -154,9 +150,21 @@ def install_from_env() -> bool:
     return True
 
 
+def record_fault(kind: str, operation: str, log: Path | None = None) -> None:
+    """One line ``<kind> <operation> <pid>`` in ``log`` (default ``$CW_CHAOS_DIR/faults.log``): one ``write`` of an
+    ``O_APPEND`` file, so lines of several processes never interleave."""
+    path = log or Path(os.environ.get("CW_CHAOS_DIR", "/tmp")) / "faults.log"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{kind} {operation} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+
+
 def count_faults(log: Path) -> dict[str, int]:
-    """Injected faults by kind, from the log the workers wrote."""
-    counts = {"conflict": 0, "throttle": 0, "dup": 0}
+    """Injected faults by kind (and Lambda invocations that timed out or crashed), from the log the processes
+    wrote."""
+    counts = {"conflict": 0, "throttle": 0, "dup": 0, "timeout": 0, "crash": 0}
     if log.exists():
         for line in log.read_text().splitlines():
             kind = line.split(" ", 1)[0]

@@ -16,7 +16,9 @@ What it does, on one World (``--world sqlite|postgres|aws``):
    connections instead, and says so. On AWS (``--world aws``: DynamoDB and SQS on the project's moto server, in a
    process of its own, DynamoDB requests serialised) the workers' boto3 calls meet injected faults (``--faults``,
    :mod:`bench.aws_faults`): transactions cancelled for ``TransactionConflict``, throttled requests, and received
-   SQS messages sent again at once so that the same delivery is handled twice, concurrently.
+   SQS messages sent again at once so that the same delivery is handled twice, concurrently. ``--lambdas N`` adds N
+   Lambda pollers (:mod:`bench.chaos_lambda`: the Lambda queue handler on batches of the task queue, each invocation
+   SIGKILLed at a short ``--lambda-deadline``) beside the Celery workers, killed like them.
 4. After ``--duration`` seconds the chaos stops; it waits (at most ``--settle`` seconds) for every run to end, then
    checks: every run completed with the right output; each step has exactly one ``step_completed`` event; every event
    log has slots 1..n without gaps (n = the run's event count); no dead letters. Step bodies that ran more than once
@@ -85,6 +87,8 @@ class Config:
     seed: int | None = None
     keep_failed: bool = True  # keep a private cluster (stopped) when a check failed
     faults: str = "conflict=0.2,throttle=0.03,dup=0.2"  # AWS: CW_AWS_FAULTS of the workers (bench.aws_faults)
+    lambdas: int = 0  # AWS: Lambda pollers (bench.chaos_lambda) beside the Celery workers, killed alike
+    lambda_deadline: float = 3.0  # AWS: each Lambda invocation's deadline, s
 
 
 @dataclass
@@ -126,6 +130,9 @@ class Figures:
         out = f"{show(times[-1])} / {show(statistics.median_low(times))}"
         return out + (f" ({hung} of {len(times)} did not exit)" if hung else "")
 
+    def _injected(self, *kinds: str) -> str:
+        return " / ".join(str(self.injected.get(k, 0)) for k in kinds)
+
     def table(self) -> str:
         rows = [
             ("World", f"{self.world} ({self.database})"),
@@ -142,10 +149,8 @@ class Figures:
             ("client calls retried", str(self.client_retries)),
             *(
                 [
-                    (
-                        "injected: conflicts / throttles / SQS duplicates",
-                        " / ".join(str(self.injected.get(k, 0)) for k in ("conflict", "throttle", "dup")),
-                    )
+                    ("injected: conflicts / throttles / SQS duplicates", self._injected("conflict", "throttle", "dup")),
+                    ("Lambda invocations timed out / crashed", self._injected("timeout", "crash")),
                 ]
                 if self.injected
                 else []
@@ -203,6 +208,7 @@ class Chaos:
         self.app = app
         self.env = env
         self.worker_env = {**env, "CW_AWS_FAULTS": cfg.faults} if cfg.world == "aws" and cfg.faults else env
+        self.worker_env = {**self.worker_env, "CW_LAMBDA_DEADLINE": str(cfg.lambda_deadline)}
         self.logdir = logdir
         self.database = database
         self.rng = random.Random(cfg.seed)
@@ -220,11 +226,11 @@ class Chaos:
     def run_id(self, i: int) -> str:
         return f"chaos-{i}"
 
-    def spawn(self) -> Worker:
+    def spawn(self, kind: str = "celery") -> Worker:
         with self.lock:
             self._serial += 1
-            name = f"chaos{self._serial}"
-        worker = Worker(name, self.worker_env, self.logdir, self.cfg.concurrency)
+            name = f"chaos{self._serial}" if kind == "celery" else f"lambda{self._serial}"
+        worker = Worker(name, self.worker_env, self.logdir, self.cfg.concurrency, kind)
         if not worker.wait_ready():
             log(f"worker {worker.name} not ready (see {worker.log})")
         with self.lock:
@@ -282,7 +288,7 @@ class Chaos:
             with self.lock:
                 self.workers.remove(victim)
                 self.kills += 1
-            self.spawn()
+            self.spawn(victim.kind)
 
     def restart_database(self) -> None:
         while not self.stop.wait(self.cfg.restart_every * self.rng.uniform(0.7, 1.3)):
@@ -335,7 +341,8 @@ def run_chaos(cfg: Config) -> Figures:
         app = stack.enter_context(chaos_app(env))
         chaos = Chaos(cfg, app, env, logdir, database)
         try:
-            spawning = [threading.Thread(target=chaos.spawn, name="chaos-spawn") for _ in range(cfg.workers)]
+            kinds = ["celery"] * cfg.workers + (["lambda"] * cfg.lambdas if cfg.world == "aws" else [])
+            spawning = [threading.Thread(target=chaos.spawn, args=(k,), name="chaos-spawn") for k in kinds]
             for t in spawning:  # side by side: each takes seconds to get ready
                 t.start()
             for t in spawning:
@@ -511,6 +518,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, list[str]]:
     p.add_argument(
         "--faults", default=Config.faults, help="AWS: faults injected into the workers' boto3 calls (bench.aws_faults)"
     )
+    p.add_argument("--lambdas", type=int, default=0, help="AWS: Lambda pollers beside the workers (bench.chaos_lambda)")
+    p.add_argument("--lambda-deadline", type=float, default=3.0, help="AWS: each Lambda invocation's deadline, s")
     args = p.parse_args(argv)
     cfg = Config(
         runs=args.runs,
@@ -531,6 +540,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[Config, list[str]]:
         database_url=args.database_url,
         seed=args.seed,
         faults=args.faults,
+        lambdas=args.lambdas,
+        lambda_deadline=args.lambda_deadline,
     )
     return cfg, args.world or ["sqlite", "postgres"]
 

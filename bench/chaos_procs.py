@@ -82,26 +82,20 @@ def dump_stacks(pids: Sequence[int], out: Path) -> bool:
 class Worker:
     """A ``celery -A bench.chaos_app worker`` subprocess in a process group of its own."""
 
-    def __init__(self, name: str, env: dict[str, str], logdir: Path, concurrency: int = 2) -> None:
+    def __init__(
+        self, name: str, env: dict[str, str], logdir: Path, concurrency: int = 2, kind: str = "celery"
+    ) -> None:
         self.name = name
+        self.kind = kind  # "celery", or "lambda": bench.chaos_lambda (an SQS event source mapping and its function)
         self.log = logdir / f"worker-{name}.log"
         self._log_file = self.log.open("ab")
         self.started = time.monotonic()
+        celery = ["-m", "celery", "-A", APP, "worker", "-c", str(concurrency), "--loglevel=INFO"]
+        command = (
+            ["-m", "bench.chaos_lambda"] if kind == "lambda" else [*celery, "--without-heartbeat", "-n", f"{name}@%h"]
+        )
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                APP,
-                "worker",
-                "-c",
-                str(concurrency),
-                "--loglevel=INFO",
-                "--without-heartbeat",
-                "-n",
-                f"{name}@%h",
-            ],
+            [sys.executable, *command],
             cwd=ROOT,
             env={**os.environ, **env, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
             stdout=self._log_file,

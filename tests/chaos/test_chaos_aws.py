@@ -3,7 +3,8 @@
 Runs with inline and queued steps, durable sleeps and a hook on real prefork Celery workers on the SQS transport,
 the World on DynamoDB, both on the project's moto server (DynamoDB requests serialised, issue #33 item 4), while
 workers' process groups are SIGKILLed and the workers' boto3 calls meet injected faults (:mod:`bench.aws_faults`):
-transactions cancelled for ``TransactionConflict``, throttled requests, SQS messages delivered twice at once. Every
+transactions cancelled for ``TransactionConflict``, throttled requests, SQS messages delivered twice at once; beside
+the Celery worker a Lambda poller (:mod:`bench.chaos_lambda`) runs the Lambda queue handler with a 1 s deadline. Every
 run must complete with the right output, every step be recorded once, every event log be contiguous, nothing be
 dead-lettered. ``python -m bench.chaos --world aws`` runs the same with larger numbers (``bench/RESULTS.md``).
 """
@@ -24,7 +25,9 @@ def test_chaos_aws(tmp_path: Path) -> None:
     cfg = Config(
         world="aws",
         runs=5,
-        workers=2,
+        workers=1,
+        lambdas=1,
+        lambda_deadline=1.0,
         concurrency=2,
         steps=3,
         nap=0.5,
