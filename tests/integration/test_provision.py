@@ -105,5 +105,8 @@ def test_the_command_prints_export_lines_a_shell_can_eval(aws: Aws, monkeypatch:
     assert json.loads(env["WORKFLOW_QUEUES"])["backfill"]["url"].endswith("/cwcli-backfill")
     assert "WORKFLOW_SCHEDULER_ROLE_ARN" not in env
     AWSConfig.from_env(env)  # a valid World config
+    as_json = io.StringIO()
+    assert main(["provision", "cwcli", "--queue", "backfill", "--json"], out=as_json) == 0  # idempotent, as JSON
+    assert json.loads(as_json.getvalue()) == env
     assert main(["provision", "cwcli", "--fifo-queue", "ordered"], out=io.StringIO()) == 2  # no Scheduler
     assert os.environ["AWS_ENDPOINT_URL"] == aws.endpoint
