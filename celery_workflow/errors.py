@@ -4,7 +4,8 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
 
     CeleryWorkflowError
     ├── ConfigurationError          bad setup: unknown queue in a route, duplicate names, bad World URL
-    │   └── InvalidWebhookResponse  ``create_webhook(respond_with=...)`` given a malformed fixed response
+    │   ├── InvalidWebhookResponse  ``create_webhook(respond_with=...)`` given a malformed fixed response
+    │   └── InvalidSchedule         ``wf.schedule(...)``: a bad cron expression, time zone, overlap or catch-up
     ├── PayloadError                a value that cannot be encoded or decoded as a payload
     │   └── PayloadTooLarge
     ├── WorldError                  a storage or driver failure (the driver error is ``__cause__``)
@@ -25,6 +26,7 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     │   └── TooEarly                a step's retry delay has not passed (425)
     ├── WorkflowNotFound            no workflow registered under that name
     ├── DeadLetterNotFound          no dead letter with that id
+    ├── ScheduleNotFound            no schedule with that id
     ├── InvalidCursor               a list_runs cursor that no listing returned (also a ValueError)
     ├── DeadLettered                a run's delivery was moved to the dead letters (the cause of its failure)
     ├── ReplayDivergence            the event log does not match the workflow code
@@ -280,3 +282,15 @@ def run_failure(run_id: str, error: dict[str, Any]) -> WorkflowFailed:
     if error.get("type") == f"{__name__}.{RunTimedOut.__qualname__}":
         return RunTimedOut(run_id=run_id, error=error)
     return WorkflowFailed(run_id=run_id, error=error)
+
+
+# -- issue #30, item 3: schedules ------------------------------------------------------------------------------------
+
+
+class InvalidSchedule(ConfigurationError, ValueError):
+    """A schedule that cannot be kept: a malformed cron expression, an unknown time zone, an unknown overlap
+    policy, a negative catch-up window, an id a run id cannot carry, or a cron expression no date ever matches."""
+
+
+class ScheduleNotFound(CeleryWorkflowError, LookupError):
+    """No schedule with that id in the World."""
