@@ -34,6 +34,7 @@ from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
+from celery_workflow.schedules import Clock, Schedule, Schedules, SystemClock
 from celery_workflow.task_names import python_identifier, step_task_name, workflow_task_name
 from celery_workflow.telemetry import Telemetry
 from celery_workflow.transport.store import backoff
@@ -211,6 +212,8 @@ class Workflows:
         #: The queues given as ``queues=`` (None: not given); a worker without ``-Q`` serves them too.
         self.declared_queues = frozenset(queues) if queues is not None else None
         self.routes: dict[str, str] = {}
+        #: The time schedules fire by (a ``schedules.SpedUpClock`` in tests); read by the worker's ticker.
+        self.schedule_clock: Clock = SystemClock()
         self.runtime = Runtime(
             self.world,
             self.registry,
@@ -502,6 +505,30 @@ class Workflows:
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.runtime.cancel(run_id, reason)
+
+    def schedule(
+        self,
+        workflow: Workflow[Any, Any] | str,
+        *,
+        cron: str,
+        id: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        catch_up: timedelta | float = timedelta(minutes=1),
+    ) -> Schedule:
+        """Start a run of ``workflow`` at every tick of ``cron`` in ``timezone``, durably in the World (idempotent:
+        see :mod:`celery_workflow.schedules`); the workers' tickers fire it, one run per tick."""
+        name = workflow if isinstance(workflow, str) else workflow.name
+        return self.schedules.define(
+            id, name, cron, args=args, kwargs=kwargs, timezone=timezone, overlap=overlap, catch_up=catch_up
+        )
+
+    @property
+    def schedules(self) -> Schedules:
+        """List, show, pause, resume and delete this World's schedules."""
+        return Schedules(self.world, self.schedule_clock)
 
     def blueprint(self, *, name: str = "celery_workflow", authorize: Callable[[Any, str], bool] | None = None) -> Any:
         """A Flask blueprint serving the RPC and webhook endpoints (``celery_workflow.api.blueprint``); ``authorize``

@@ -11,7 +11,7 @@
   (``worker_init``; a prefork main process runs none, but its pool only opens what is used), one in each prefork
   child (``worker_process_init``).
 * **Upkeep**: the World's background work (:meth:`~celery_workflow.world.World.start_upkeep`) runs in the worker's
-  main process while it lives.
+  main process while it lives, and so does the schedules' ticker (:func:`start_ticker`, issue #30 item 3).
 * **Relay** (``Workflows(broker="app")``, issue #29): the worker's main process also runs the relay of the queues it
   consumes and keeps the World leases of the relayed deliveries it holds (:mod:`celery_workflow.relay_celery`); a
   relayed task that returned acks its claim in the World (``task_postrun``).
@@ -30,9 +30,18 @@ from celery_workflow.events import RunView
 
 if TYPE_CHECKING:
     from celery_workflow.app import Workflows
+    from celery_workflow.schedules import Ticker
     from celery_workflow.world import Upkeep, World
 
-__all__ = ["PoolSized", "connect_worker_signals", "known_queues", "queue_consumers", "serve_known_queues", "unserved"]
+__all__ = [
+    "PoolSized",
+    "connect_worker_signals",
+    "known_queues",
+    "queue_consumers",
+    "serve_known_queues",
+    "start_ticker",
+    "unserved",
+]
 
 log = logging.getLogger("celery_workflow")
 
@@ -97,6 +106,9 @@ def connect_worker_signals(wf: Workflows) -> None:
             upkeep = wf.world.start_upkeep()
             if upkeep is not None:
                 background.append(upkeep)
+            ticker = start_ticker(wf)
+            if ticker is not None:
+                background.append(ticker)
             if wf.broker == "app":  # the relay of the queues this worker consumes, and its lease keeper
                 from celery_workflow.relay_celery import WorkerRelay
 
@@ -120,6 +132,23 @@ def connect_worker_signals(wf: Workflows) -> None:
     signals.worker_ready.connect(ready, weak=False)
     signals.worker_shutdown.connect(shutdown, weak=False)
     signals.task_postrun.connect(postrun, weak=False)
+
+
+def start_ticker(wf: Workflows) -> Ticker | None:
+    """Start the schedules' ticker of ``wf`` in this process (:mod:`celery_workflow.schedules.ticker`), or None when
+    its World keeps no schedules or it has no workflow a schedule could start."""
+    from celery_workflow.schedules import Ticker, WorldStarter, schedules_of
+
+    store = schedules_of(wf.world)
+    if store is None or not wf.registry.workflows:
+        return None
+    starter = WorldStarter(
+        known=lambda name: name in wf.registry.workflows,
+        start_run=lambda name, args, kwargs, run_id: wf.runtime.start(name, args, kwargs, run_id=run_id),
+        get_status=lambda run_id: wf.world.get_run(run_id).status,
+        cancel_run=wf.runtime.cancel,
+    )
+    return Ticker(store, starter, clock=wf.schedule_clock).start()
 
 
 def queue_consumers(world: World) -> Mapping[str, int] | None:

@@ -12,6 +12,7 @@ stream chunk                       ``RUN#<runId>``          ``CHUNK#<base64url(n
 hook (live)                        ``HOOK#<runId>#<hookId>``  ``META``
 token owner                        ``TOKEN#<token>``        ``META``
 queue record                       ``QUEUE#<deliveryId>``   ``META``
+workflow schedule                  ``SCHEDULES``            ``SCHEDULE#<scheduleId>``
 =================================  =======================  ====================================================
 
 Hook ids are per run here (``hook:1``, ``hook:2`` … in every run), so the hook item's key carries the run id: the

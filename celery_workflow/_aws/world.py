@@ -56,6 +56,7 @@ from celery_workflow._aws.items import (
     view_of,
 )
 from celery_workflow._aws.queue import Record, SQSQueue
+from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
 from celery_workflow._aws.table import MAX_ITEM_BYTES, META, hook_pk, run_pk, step_sk, token_pk
@@ -118,6 +119,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
         self.queue = SQSQueue(self, sqs_client)
         #: The EventBridge Scheduler schedules of long delays (their names, a finished run's cleanup).
         self.schedules = Schedules(self)
+        #: The workflow schedules (:mod:`celery_workflow.schedules`), items under ``pk=SCHEDULES``.
+        self.schedule_store = DynamoSchedules(self.table)
         #: Each queue's SQS dead-letter queue (celery_workflow.dead_letters.DeadLetterStore).
         self.dead_letters = SQSDeadLetters(self)
         self.streams = AWSStreams(self)

@@ -149,6 +149,12 @@ class RecordCodec:
     def read_time(self, stored: Any) -> datetime | None:
         return None if stored is None else self._time_in(stored)
 
+    def flag(self, value: bool) -> Any:
+        return self._flag_out(value)
+
+    def read_flag(self, stored: Any) -> bool:
+        return self._flag_in(stored)
+
     # -- views -----------------------------------------------------------------------------------------------------
 
     def record(self, table: str, view: Any, **extra: Any) -> dict[str, Any]:

@@ -14,25 +14,32 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_workflow._backend.records import EVENT_COLUMNS, RecordCodec, world_tables
+from celery_workflow._backend.schedules_sql import schedule_table
 from celery_workflow._postgres.script import MAX_PARAMETERS, Script
 from celery_workflow.events import Event
 
 __all__ = ["CODEC", "COLUMNS", "MAX_INSERT_ROWS", "TABLES", "insert_rows"]
 
 #: The World's tables as the code expects them (the migration test compares the migrated catalog with this).
-TABLES = world_tables(
-    write_id=True,
-    indexes={
-        "celery_workflow_runs": {
-            "celery_workflow_runs_created": False,
-            "celery_workflow_runs_workflow": False,
-            "celery_workflow_runs_status": False,
-            "celery_workflow_runs_completed": False,
+TABLES = {
+    **world_tables(
+        write_id=True,
+        indexes={
+            "celery_workflow_runs": {
+                "celery_workflow_runs_created": False,
+                "celery_workflow_runs_workflow": False,
+                "celery_workflow_runs_status": False,
+                "celery_workflow_runs_completed": False,
+            },
+            "celery_workflow_events": {
+                "celery_workflow_events_created": True,
+                "celery_workflow_events_hook_created": True,
+            },
+            "celery_workflow_hook_tokens": {"celery_workflow_hook_tokens_hook": False},
         },
-        "celery_workflow_events": {"celery_workflow_events_created": True, "celery_workflow_events_hook_created": True},
-        "celery_workflow_hook_tokens": {"celery_workflow_hook_tokens_hook": False},
-    },
-)
+    ),
+    **schedule_table(),
+}
 #: The columns the code reads and writes, per table, in table order.
 COLUMNS: dict[str, tuple[str, ...]] = {name: table.columns for name, table in TABLES.items()}
 

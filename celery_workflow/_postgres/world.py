@@ -45,7 +45,7 @@ this process's clock (UTC, microseconds), as in the other Worlds; the queue's le
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +57,7 @@ from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreQueue, StoreStreams, TemplateWorld
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.recent import Recent
+from celery_workflow._backend.schedules_sql import SQLSchedules
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._postgres.append import PgAppend, SnapshotCache, WholeRun, retained_until_sql
 from celery_workflow._postgres.config import PostgresConfig, config_with, postgres_url
@@ -97,6 +98,11 @@ Conn = psycopg.Connection[Any]
 
 #: The longest a waiter for a run's end goes without re-reading it when no notification comes (seconds).
 WAITER_RECHECK = 5.0
+
+
+def _execute(conn: Conn, sql: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+    cursor = conn.execute(sql, tuple(params))
+    return (cursor.fetchall() if cursor.description else []), cursor.rowcount
 
 
 class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
@@ -140,6 +146,8 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
         self.store = PostgresQueue(self.db)
         self.streams = PgStreams(self.db, self.poll_interval)
         self._steps = PgAppend(self)
+        #: The schedules (table ``celery_workflow_schedules``, :mod:`celery_workflow.schedules`).
+        self.schedule_store = SQLSchedules(self._schedules_tx, _execute, CODEC, "%s")
         self._sweeper: RetentionSweeper | None = None
         # the runs this process created lately while listening for runs' ends: the listener's mark taken before
         # each creation and the view create_run answered (see wait_for_terminal)
@@ -160,6 +168,9 @@ class PostgresWorld(TemplateWorld, StoreQueue, StoreStreams):
             raise
         world._owns_db = True
         return world
+
+    def _schedules_tx(self, body: Callable[[Any], Any], write: bool) -> Any:
+        return self.db.run(body, what="schedules", transaction=write)
 
     def __repr__(self) -> str:
         return f"PostgresWorld({postgres_url(self.db.conninfo)!r})"

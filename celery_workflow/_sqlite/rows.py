@@ -14,24 +14,28 @@ from typing import Any
 
 from celery_workflow import ids
 from celery_workflow._backend.records import RecordCodec, world_tables
+from celery_workflow._backend.schedules_sql import schedule_table
 from celery_workflow.errors import WorldError
 from celery_workflow.rules import RetainedToken
 
 __all__ = ["CODEC", "COLUMNS", "TABLES"]
 
 #: The World's tables as the code expects them (the migration test compares the migrated schema with this).
-TABLES = world_tables(
-    write_id=False,
-    indexes={
-        "celery_workflow_runs": {
-            "celery_workflow_runs_created": False,
-            "celery_workflow_runs_workflow": False,
-            "celery_workflow_runs_status": False,
+TABLES = {
+    **world_tables(
+        write_id=False,
+        indexes={
+            "celery_workflow_runs": {
+                "celery_workflow_runs_created": False,
+                "celery_workflow_runs_workflow": False,
+                "celery_workflow_runs_status": False,
+            },
+            "celery_workflow_events": {"celery_workflow_events_correlation": False},
+            "celery_workflow_hook_tokens": {"celery_workflow_hook_tokens_hook": False},
         },
-        "celery_workflow_events": {"celery_workflow_events_correlation": False},
-        "celery_workflow_hook_tokens": {"celery_workflow_hook_tokens_hook": False},
-    },
-)
+    ),
+    **schedule_table(),
+}
 #: The columns the code reads and writes, per table, in table order.
 COLUMNS: dict[str, tuple[str, ...]] = {name: table.columns for name, table in TABLES.items()}
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
@@ -37,6 +37,7 @@ from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreQueue, TemplateWorld
 from celery_workflow._backend.checks import check_chunks, check_stream_name
 from celery_workflow._backend.listing import RunFilter
+from celery_workflow._backend.schedules_sql import SQLSchedules
 from celery_workflow._backend.waiting import wait_until
 from celery_workflow._sqlite.append import SQLiteAppend, insert_events, load_run
 from celery_workflow._sqlite.database import Database, database_url, parse_database_url
@@ -70,6 +71,11 @@ from celery_workflow.world import (
 )
 
 __all__ = ["COLUMNS", "SQLiteWorld"]
+
+
+def _execute(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> tuple[list[Any], int]:
+    cursor = conn.execute(sql, tuple(params))
+    return cursor.fetchall(), cursor.rowcount
 
 
 class SQLiteWorld(TemplateWorld, StoreQueue):
@@ -108,6 +114,8 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
         #: The queue store (shared with the SQLite Kombu transport).
         self.store = SQLiteQueue(self.db)
         self._steps = SQLiteAppend(self)
+        #: The schedules (table ``celery_workflow_schedules``, :mod:`celery_workflow.schedules`).
+        self.schedule_store = SQLSchedules(self._schedules_tx, _execute, CODEC, "?")
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> SQLiteWorld:
@@ -155,6 +163,10 @@ class SQLiteWorld(TemplateWorld, StoreQueue):
             if not rows and run_id is not None:
                 self._require_run(conn, run_id)
         return rows
+
+    def _schedules_tx(self, body: Callable[[Any], Any], write: bool) -> Any:
+        with self.transaction("IMMEDIATE" if write else "DEFERRED") as conn:
+            return body(conn)
 
     def _wait(self, version: int, seconds: float) -> None:
         with sqlite_errors():

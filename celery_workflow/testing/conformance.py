@@ -33,7 +33,10 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * versioned code (:class:`VersioningConformance`): ``patched()`` keeps an old run on its old path and records the
   new path of a new run, read back by its later deliveries;
 * deadlines (:class:`DeadlineConformance`): a run past its deadline fails with ``RunTimedOut`` (woken from a sleep or
-  a hook wait; its queued steps do not run), a step attempt past its timeout is a failed attempt.
+  a hook wait; its queued steps do not run), a step attempt past its timeout is a failed attempt;
+* schedules (:class:`ScheduleConformance`): the World's schedule store (add once, compare-and-set on the version),
+  and the ticker on it: one run per tick across several tickers, catch-up, overlap, pause and resume, a lease that
+  ran out.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
 deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
@@ -66,6 +69,7 @@ from celery_workflow.testing.conformance_rules import (
     TokenRetentionConformance,
     WaitRulesConformance,
 )
+from celery_workflow.testing.conformance_schedules import ScheduleConformance
 from celery_workflow.testing.conformance_storage import StorageConformance
 from celery_workflow.testing.conformance_versions import VersioningConformance
 
@@ -78,6 +82,7 @@ __all__ = [
     "HookRulesConformance",
     "QueueConformance",
     "RunRulesConformance",
+    "ScheduleConformance",
     "StepRulesConformance",
     "StorageConformance",
     "StreamConformance",
@@ -105,5 +110,6 @@ class WorldConformance(
     FanOutConformance,
     VersioningConformance,
     DeadlineConformance,
+    ScheduleConformance,
 ):
     """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""

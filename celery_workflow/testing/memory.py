@@ -51,6 +51,7 @@ from celery_workflow.errors import (
     StepNotFound,
 )
 from celery_workflow.events import Event, EventType, HookView, RunStatus, RunView, StepView, WaitView
+from celery_workflow.schedules.memory import MemorySchedules
 from celery_workflow.world import (
     DEFAULT_MAX_PAYLOAD,
     AppendLimits,
@@ -145,6 +146,8 @@ class MemoryWorld(TemplateWorld):
         self._version = 0  # bumped by every change, under the lock: what waiters watch
         self._leases: dict[str, tuple[str, datetime]] = {}  # lease name -> (holder, until)
         self._steps = _MemoryAppend(self)
+        #: The schedules (:mod:`celery_workflow.schedules`).
+        self.schedule_store = MemorySchedules()
 
     def _now(self) -> datetime:
         return ids.to_utc(self._clock())
