@@ -7,6 +7,7 @@
                                                                           failed, cancelled)
     workflow dead-letters list|show ID|redrive [--queue Q] [ID…]|purge    messages no consumer could process
     workflow scheduled [--queue Q] [--limit N] [--json]                   countdown/ETA tasks held until due
+    workflow schedules list|show ID|pause ID|resume ID|delete ID [--json] the World's cron schedules
     workflow relay [--queue Q] [--once]                                   publish due deliveries to the app's broker
     workflow migrate                                                      apply the World's schema migrations
     workflow sweep-expired                                                delete the runs past their retention
@@ -35,6 +36,7 @@ from celery_workflow.cli.dead_letters import dead_letters
 from celery_workflow.cli.relay import relay
 from celery_workflow.cli.runs import runs
 from celery_workflow.cli.scheduled import scheduled
+from celery_workflow.cli.schedules import schedules
 from celery_workflow.cli.session import Session, WorkflowGroup
 
 __all__ = ["main", "workflow"]
@@ -59,6 +61,7 @@ for _command in (
     runs,
     dead_letters,
     scheduled,
+    schedules,
     relay,
     migrate,
     sweep_expired,
