@@ -185,6 +185,7 @@ class Ticker:
                 )
                 report.cancelled.append(last_run)
             self.starter.start(schedule.workflow_name, args, kwargs, run_id)
+            log.info("schedule %s: tick %s started run %s", schedule.schedule_id, ids.isoformat(tick), run_id)
             report.started.append(run_id)
             last_run, last_tick = run_id, tick
         if report.skipped_late:
