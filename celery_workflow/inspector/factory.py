@@ -13,6 +13,7 @@ from celery_workflow.errors import CeleryWorkflowError
 from celery_workflow.inspector import guard
 from celery_workflow.inspector.actions import add_actions
 from celery_workflow.inspector.queues import add_queue_views
+from celery_workflow.inspector.schedules import add_schedule_views
 from celery_workflow.inspector.views import TAIL_LIFETIME, Inspector, Problem, Settings, add_views, problem_of
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def make_blueprint(
     """The run inspector for ``wf``; register it under a prefix, e.g. ``url_prefix="/inspector"``.
 
     ``authorize(request, action) -> bool`` guards every page (``"view"``), token reveals (``"reveal_token"``) and
-    the actions (``"cancel"``, ``"resume_hook"``, ``"redrive"``), as ``api.rpc_blueprint``'s guards the RPC.
+    the actions (``"cancel"``, ``"resume_hook"``, ``"redrive"``, ``"pause_schedule"``), as ``api.rpc_blueprint``'s guards the RPC.
     Without it, the pages are open and reveals and actions are refused (403) unless ``allow_actions=True``.
     ``tail_lifetime``: the longest one live-tail answer streams (the browser reconnects after it).
     """
@@ -46,6 +47,7 @@ def make_blueprint(
     bp = Blueprint(name, __name__, template_folder="templates", static_folder="static", static_url_path="/assets")
     add_views(bp, ins)
     add_queue_views(bp, ins)
+    add_schedule_views(bp, ins)
     add_actions(bp, ins)
 
     @bp.errorhandler(Problem)

@@ -6,7 +6,8 @@
 
 * ``"view"``: every page and the live tail;
 * ``"reveal_token"``: showing a hook's token (and a webhook's URL, which contains it);
-* ``"cancel"``, ``"resume_hook"``, ``"redrive"``: the POST actions.
+* ``"cancel"``, ``"resume_hook"``, ``"redrive"``, ``"pause_schedule"`` (pause or resume a schedule): the POST
+  actions.
 
 Without ``authorize`` the pages are open to whoever reaches them, and token reveals and actions are refused with
 ``403`` unless the blueprint was created with ``allow_actions=True``: the safe default is a read-only inspector.
@@ -42,7 +43,8 @@ REVEAL = "reveal_token"
 CANCEL = "cancel"
 RESUME = "resume_hook"
 REDRIVE = "redrive"
-ACTIONS = (VIEW, REVEAL, CANCEL, RESUME, REDRIVE)
+SCHEDULE = "pause_schedule"
+ACTIONS = (VIEW, REVEAL, CANCEL, RESUME, REDRIVE, SCHEDULE)
 
 COOKIE = "cw_inspector_csrf"
 FIELD = "csrf_token"

@@ -593,3 +593,26 @@ def test_scheduled_lists_what_the_world_s_queue_holds_until_due(wf: Workflows) -
     assert "workflow.greet" in page and f'href="{PREFIX}/runs/{run.id}"' in page
     assert "nothing scheduled" in http.get(f"{PREFIX}/scheduled?queue=other").get_data(as_text=True)
     assert f'href="{PREFIX}/scheduled"' in http.get(f"{PREFIX}/").get_data(as_text=True)  # in the header
+
+
+# -- schedules (issue #30, item 3) -------------------------------------------------------------------------------------
+
+
+def test_the_schedules_page_lists_and_pauses_and_resumes(wf: Workflows) -> None:
+    wf.schedule("greet", cron="0 3 * * *", id="nightly", args=["<b>ann</b>"], timezone="Europe/Paris")
+    read_only = client(wf)
+    page = read_only.get(f"{PREFIX}/schedules").get_data(as_text=True)
+    assert 'data-schedule-id="nightly"' in page and "0 3 * * *" in page and "Europe/Paris" in page
+    assert "Pause" not in page  # read-only: no forms
+    assert read_only.post(f"{PREFIX}/schedules/nightly/pause").status_code == 403
+    http = client(wf, allow_actions=True)
+    token = csrf(http, f"{PREFIX}/schedules")
+    assert http.post(f"{PREFIX}/schedules/nightly/pause").status_code == 403  # no CSRF token
+    assert wf.schedules.get("nightly").paused is False
+    resp = http.post(f"{PREFIX}/schedules/nightly/pause", data={"csrf_token": token})
+    assert resp.status_code == 303 and resp.headers["Location"].endswith("/schedules")
+    assert wf.schedules.get("nightly").paused is True
+    assert "Resume" in http.get(f"{PREFIX}/schedules").get_data(as_text=True)
+    assert http.post(f"{PREFIX}/schedules/nightly/resume", data={"csrf_token": token}).status_code == 303
+    assert wf.schedules.get("nightly").paused is False
+    assert http.post(f"{PREFIX}/schedules/nope/pause", data={"csrf_token": token}).status_code == 404
