@@ -28,6 +28,7 @@ from celery_workflow.errors import (
 )
 from celery_workflow.events import Event, RunStatus, RunView, StepView
 from celery_workflow.runtime.continuation import continued_as
+from celery_workflow.waiting_on import Waiting, run_waiting_on
 
 if TYPE_CHECKING:
     from celery_workflow.runtime.handlers import Runtime
@@ -56,6 +57,16 @@ class Run(Generic[R]):
     @property
     def status(self) -> RunStatus:
         return self.view().status
+
+    @property
+    def waiting_on(self) -> list[Waiting]:
+        """What the run waits for now (empty once it has ended): sleeps, hooks (tokens hidden), step retries, queued
+        or running steps, queues no worker consumes (see :mod:`celery_workflow.waiting_on`)."""
+        return self.waiting(reveal_tokens=False)
+
+    def waiting(self, *, reveal_tokens: bool = False) -> list[Waiting]:
+        """:attr:`waiting_on`, with the hooks' tokens when ``reveal_tokens``."""
+        return run_waiting_on(self._world, self.id, reveal=reveal_tokens)
 
     @property
     def workflow_name(self) -> str:
