@@ -26,6 +26,7 @@ from celery_workflow.errors import CeleryWorkflowError, EntityExists
 from celery_workflow.events import Event, EventType, RunView, StepView
 from celery_workflow.ids import isoformat
 from celery_workflow.runtime.continuation import continued_as
+from celery_workflow.waiting_on import run_waiting_on, waiting_json
 
 if TYPE_CHECKING:
     from celery_workflow.app import Workflows
@@ -322,6 +323,10 @@ class Methods:
         successor = continued_as(world, view)
         if successor is not None:
             run["continued_as"] = successor  # the run handed over to it (continue_as_new): its result is the chain's
+        # what it waits for (issue #30, item 5): hook tokens only for a caller who may see them
+        run["waiting_on"] = (
+            [] if view.status.terminal else waiting_json(run_waiting_on(world, view.run_id, reveal=self.may_reveal()))
+        )
         return {"run": run}
 
     def list_runs(self, p: ListRunsParams) -> dict[str, Any]:

@@ -340,3 +340,20 @@ def test_resume_hook_waits_for_a_hook_the_run_has_not_reached(http: FlaskClient,
     assert answers[0][0] == 200 and answers[0][1]["result"]["hook"]["run_id"] == run_id
     worker.run_until(lambda: flows.world.get_run(run_id).status.terminal, timeout=20)
     assert rpc(http, "get_run", run_id=run_id)[1]["result"]["run"]["output"] == {"ok": 2}
+
+
+def test_get_run_says_what_the_run_waits_for_with_the_token_only_when_revealed(
+    http: FlaskClient, flows: Workflows, worker: LocalWorker
+) -> None:
+    run_id = rpc(http, "start", workflow="hooked")[1]["result"]["run"]["run_id"]
+    worker.run_until_idle()
+    (waiting,) = rpc(http, "get_run", run_id=run_id)[1]["result"]["run"]["waiting_on"]
+    assert waiting["kind"] == "hook" and waiting["hook_id"] == "hook:1" and waiting["token"] is None
+    assert "api-hook" not in json.dumps(waiting)
+    app = Flask("revealing")
+    app.register_blueprint(flows.blueprint(authorize=lambda request, action: True), url_prefix="/v1/workflow")
+    (revealed,) = rpc(app.test_client(), "get_run", run_id=run_id)[1]["result"]["run"]["waiting_on"]
+    assert revealed["token"] == "api-hook"
+    rpc(http, "resume_hook", token="api-hook", payload={"ok": 1})
+    worker.run_until_idle()
+    assert rpc(http, "get_run", run_id=run_id)[1]["result"]["run"]["waiting_on"] == []
