@@ -1,5 +1,8 @@
 """``runs list | show | cancel | watch``: look at runs, cancel one, follow one live.
 
+``runs list --waiting`` lists the runs in progress with what each waits for, ``runs show`` has a "waiting on"
+section and ``runs watch`` adds it to the run's state (:mod:`celery_workflow.waiting_on`; hook tokens hidden).
+
 ``runs watch RUN_ID`` polls the World every ``--interval`` seconds (a finished run ends the wait at once): it prints
 each stream value as it arrives (``[stream] value``) and the run's state, steps done / steps known and the current
 step; on a terminal that state is one line redrawn in place, otherwise a line each time it changes. When the run
@@ -22,6 +25,7 @@ from celery_workflow.event_data import RunCancelledData
 from celery_workflow.events import NewEvent, RunStatus, RunView, StepView
 from celery_workflow.rpc import event_data, event_json, run_json, step_json
 from celery_workflow.runtime.continuation import continued_as
+from celery_workflow.waiting_on import Waiting, describe, run_waiting_on, waiting_json
 from celery_workflow.worker_setup import unserved
 from celery_workflow.world import World
 
@@ -47,27 +51,58 @@ def runs() -> None:
 @click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
 @click.option("--status", type=click.Choice([s.value for s in RunStatus]), help="Only runs in this state.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="At most this many runs.")
+@click.option(
+    "--waiting", is_flag=True, help="Only runs in progress, with what each waits for (a sleep, a hook, a retry…)."
+)
 @click.option("--json", "as_json", is_flag=True, help="JSON output (a list of runs), for scripts.")
 @pass_session
-def list_runs(session: Session, workflow: str | None, status: str | None, limit: int, as_json: bool) -> None:
+def list_runs(
+    session: Session, *, workflow: str | None, status: str | None, limit: int, waiting: bool, as_json: bool
+) -> None:
     """Runs, newest first."""
-    page = session.world.list_runs(workflow=workflow, status=status, limit=limit)
+    world = session.world
+    if waiting:
+        found = _in_progress(world, workflow, status, limit)
+    else:
+        found = world.list_runs(workflow=workflow, status=status, limit=limit).items
+    waits = {run.run_id: run_waiting_on(world, run.run_id) for run in found} if waiting else {}
     if as_json:
-        echo_json([run_json(run) for run in page.items])
+        echo_json([{**run_json(run), **_waits_json(waits, run)} for run in found])
         return
-    if not page.items:
-        click.echo("no runs")
+    if not found:
+        click.echo("no runs waiting" if waiting else "no runs")
         return
-    idle = unserved(session.world, page.items)
-    click.echo(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} {'CREATED':19} QUEUE")
-    for run in page.items:
-        queue = _queue(run, idle)
+    idle = unserved(world, found)
+    click.echo(f"{'RUN ID':32} {'WORKFLOW':24} {'STATUS':10} {'CREATED':19} {'WAITING ON' if waiting else 'QUEUE'}")
+    for run in found:
+        last = _waiting_text(waits.get(run.run_id, [])) if waiting else _queue(run, idle)
         click.echo(
             f"{shown(run.run_id):32} {shown(run.workflow_name):24} {run.status.value:10}"
-            f" {run.created_at:%Y-%m-%d %H:%M:%S} {queue}".rstrip()
+            f" {run.created_at:%Y-%m-%d %H:%M:%S} {last}".rstrip()
         )
     if idle:
         click.echo(f"\nno worker consumes {', '.join(sorted(map(shown, idle)))}: start one with -Q (or without -Q)")
+
+
+def _in_progress(world: World, workflow: str | None, status: str | None, limit: int) -> list[RunView]:
+    """Runs pending or running (or of ``status``, when it is one of them), newest first."""
+    wanted = [RunStatus(status)] if status else [RunStatus.RUNNING, RunStatus.PENDING]
+    found = [
+        r for s in wanted if not s.terminal for r in world.list_runs(workflow=workflow, status=s, limit=limit).items
+    ]
+    return sorted(found, key=lambda r: (r.created_at, r.run_id), reverse=True)[:limit]
+
+
+def _waits_json(waits: dict[str, list[Waiting]], run: RunView) -> dict[str, Any]:
+    return {"waiting_on": waiting_json(waits[run.run_id])} if run.run_id in waits else {}
+
+
+def _waiting_text(items: list[Waiting]) -> str:
+    """What a run waits for, in one line: the first thing, and how many more."""
+    if not items:
+        return "-"
+    more = f" (+{len(items) - 1} more)" if len(items) > 1 else ""
+    return shown(describe(items[0])) + more
 
 
 def _queue(run: RunView, idle: set[str]) -> str:
@@ -87,10 +122,12 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
     run = get_run(world, run_id)
     steps = world.list_steps(run_id)
     events = world.list_events(run_id)
+    waits = run_waiting_on(world, run_id)
     if as_json:
         echo_json(
             {
                 **run_json(run),
+                "waiting_on": waiting_json(waits),
                 "steps": [step_json(s) for s in steps],
                 "events": [event_json(e) for e in events],
             }
@@ -106,6 +143,10 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
         click.echo(f"output    {_short(run.output, 100)}")
     if run.error:
         click.echo(f"error     {shown(run.error.get('type'))}: {shown(run.error.get('message'))}")
+    if waits:
+        click.echo("\nwaiting on")
+        for item in waits:
+            click.echo(f"  {shown(describe(item))}")
     if steps:
         click.echo("\nsteps")
         for step in steps:
@@ -154,7 +195,8 @@ def watch_run(session: Session, run_id: str, interval: float) -> None:
                 for chunk in page.chunks:
                     screen.line(f"[{shown(name)}] {_value(chunk.data)}")
                 read[name] = page.next_index
-            screen.status(_state(view, steps))
+            waits = [] if view.status.terminal else run_waiting_on(world, run_id)
+            screen.status(_state(view, steps) + (f"  waiting on {_waiting_text(waits)}" if waits else ""))
             successor = continued_as(world, view) if view.status.terminal else None
             if successor is not None:  # it handed over (continue_as_new): follow the chain to its end
                 screen.line(f"run {shown(run_id)} continued as {shown(successor)}")
