@@ -41,6 +41,7 @@ from celery_workflow.ids import utcnow
 from celery_workflow.inspector import guard, model
 from celery_workflow.runtime import continuation
 from celery_workflow.transport.scheduled import NO_DELAYED, delayed_requests, delayed_store, listed_queues
+from celery_workflow.waiting_on import describe, run_waiting_on
 from celery_workflow.world import StreamPage, World
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ LETTERS_PAGE = 100
 #: The runs list reloads itself every ``refresh`` seconds when asked (0: never); the choices the page offers.
 MIN_REFRESH, MAX_REFRESH = 2, 3600
 REFRESH_CHOICES = (5, 15, 60)
+#: The runs list says what a run in progress waits for when its log has at most this many events (else: "see run").
+WAITING_MAX_EVENTS = 2000
 #: Delayed messages one page of ``/scheduled`` lists (soonest due first).
 SCHEDULED_PAGE = 500
 MAX_INT64 = 2**63 - 1
@@ -75,6 +78,24 @@ TAIL_POLL = 0.5
 #: A comment line is sent when nothing else was for this long (keeps proxies from closing the connection).
 HEARTBEAT = 15.0
 _DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def waiting_column(world: World, runs: list[RunView]) -> dict[str, str]:
+    """The runs list's "Waiting on" cell of each run in progress (issue #30, item 5; hook tokens hidden): the first
+    thing it waits for and how many more; a run with a log over :data:`WAITING_MAX_EVENTS` events says "see run"."""
+    cells: dict[str, str] = {}
+    for run in runs:
+        if run.status.terminal:
+            continue
+        if run.event_count > WAITING_MAX_EVENTS:
+            cells[run.run_id] = "see run"
+            continue
+        items = run_waiting_on(world, run.run_id)
+        if items:
+            cells[run.run_id] = describe(items[0]) + (f" (+{len(items) - 1} more)" if len(items) > 1 else "")
+    return cells
+
+
 TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found", 409: "Conflict"}
 
 
@@ -327,6 +348,7 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
         return ins.page(
             "runs.html",
             runs=page.items,
+            waiting=waiting_column(ins.world, page.items),
             counts=model.status_counts(ins.world, workflow=workflow),
             filters=filters,
             searched=any(v is not None for k, v in filters.items() if k not in {"workflow", "status"}),

@@ -616,3 +616,14 @@ def test_the_schedules_page_lists_and_pauses_and_resumes(wf: Workflows) -> None:
     assert http.post(f"{PREFIX}/schedules/nightly/resume", data={"csrf_token": token}).status_code == 303
     assert wf.schedules.get("nightly").paused is False
     assert http.post(f"{PREFIX}/schedules/nope/pause", data={"csrf_token": token}).status_code == 404
+
+
+def test_the_runs_list_says_what_each_run_in_progress_waits_for(wf: Workflows, worker: LocalWorker) -> None:
+    waiting = waiting_on_hook(wf, worker)
+    done = wf.start("greet", "bo")
+    worker.run_until_idle()
+    page = client(wf).get(f"{PREFIX}/").get_data(as_text=True)
+    assert "<th>Waiting on</th>" in page and TOKEN not in page
+    cells = dict(re.findall(r'data-run-id="([^"]+)".*?<td class="waiting">([^<]*)</td>', page, re.S))
+    assert cells[waiting] == "hook hook:1 (token hidden)"
+    assert cells[done.id] == ""
