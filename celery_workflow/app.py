@@ -27,7 +27,7 @@ from kombu import serialization
 from celery_workflow import task_names, worker_setup
 from celery_workflow.broker_choice import DEFAULT_RELAY_LEASE, broker_choice
 from celery_workflow.client import Run
-from celery_workflow.errors import ConfigurationError, PayloadError
+from celery_workflow.errors import ConfigurationError, InvalidSchedule, PayloadError
 from celery_workflow.events import HookView, RunStatus
 from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
@@ -521,6 +521,13 @@ class Workflows:
         """Start a run of ``workflow`` at every tick of ``cron`` in ``timezone``, durably in the World (idempotent:
         see :mod:`celery_workflow.schedules`); the workers' tickers fire it, one run per tick."""
         name = workflow if isinstance(workflow, str) else workflow.name
+        wdef = self.registry.workflows.get(name)
+        if wdef is not None:  # its arguments must fit its signature (checked now, not at its first tick)
+            try:
+                encoded = wdef.signature.encode_args(args, kwargs or {})
+            except PayloadError as exc:
+                raise InvalidSchedule(f"schedule {id}: {exc}") from exc
+            args, kwargs = encoded["args"], encoded["kwargs"]
         return self.schedules.define(
             id, name, cron, args=args, kwargs=kwargs, timezone=timezone, overlap=overlap, catch_up=catch_up
         )

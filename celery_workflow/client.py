@@ -294,6 +294,12 @@ class HTTPRun:
     def workflow_name(self) -> str:
         return str(self.view()["workflow_name"])
 
+    @property
+    def waiting_on(self) -> list[dict[str, Any]]:
+        """What the run waits for, as RPC ``get_run`` answers it (``kind``, the item's fields, ``text``; a hook's token
+        only when the server lets this caller see tokens); empty once it has ended."""
+        return list(self.view().get("waiting_on") or [])
+
     def result(self, timeout: float | None = None, *, follow: bool = True) -> Any:
         """Wait for the run to end (long-polling); return its output or raise like :meth:`Run.result` (following
         the runs it handed over to, unless ``follow=False``)."""

@@ -141,7 +141,11 @@ class Ticker:
                 continue
             now = self.clock.now()
             if schedule.due(now):
-                report = self.fire(schedule)
+                try:
+                    report = self.fire(schedule)
+                except Exception:  # its lease runs out and a ticker tries again; the other schedules go on
+                    log.exception("schedule %s: firing its tick failed", schedule.schedule_id)
+                    continue
                 if report is not None:
                     reports.append(report)
                     continue

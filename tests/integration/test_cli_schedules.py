@@ -40,7 +40,9 @@ def url(tmp_path: Path) -> Iterator[str]:
         return day
 
     wf.schedule(nightly, cron="0 3 * * *", id="nightly", args=["today"], timezone="Europe/Paris")
-    wf.schedule("reports.nightly", cron="*/5 * * * *", id="often", overlap="allow", catch_up=timedelta(minutes=10))
+    wf.schedule(
+        "reports.nightly", cron="*/5 * * * *", id="often", args=["now"], overlap="allow", catch_up=timedelta(minutes=10)
+    )
     yield world_url
     wf.close()
 

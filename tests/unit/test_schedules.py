@@ -5,14 +5,15 @@ and stops at once."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from celery import Celery
 
 from celery_workflow import Workflows
-from celery_workflow.errors import ConfigurationError, InvalidSchedule, ScheduleNotFound
+from celery_workflow.errors import ConfigurationError, InvalidSchedule, ScheduleNotFound, WorldUnavailable
 from celery_workflow.events import RunStatus
 from celery_workflow.schedules import SpedUpClock, tick_run_id
 from celery_workflow.testing import LocalWorker, MemoryWorld
@@ -53,12 +54,14 @@ def test_schedule_stores_the_definition_once(wf: Workflows) -> None:
         ({"cron": "* * * * *", "catch_up": timedelta(seconds=-1)}, "catch_up"),
         ({"cron": "* * * * *", "id": "a b"}, "schedule id"),
         ({"cron": "* * * * *", "args": [object()]}, "JSON"),
+        ({"cron": "* * * * *", "args": ["eu", "us"]}, "too many positional arguments"),
+        ({"cron": "* * * * *", "kwargs": {"nope": 1}}, "unexpected keyword argument"),
     ],
 )
 def test_a_bad_definition_is_refused_and_stores_nothing(
     wf: Workflows, options: dict[str, object], message: str
 ) -> None:
-    values: dict[str, object] = {"id": "bad", **options}
+    values: dict[str, object] = {"id": "bad", "args": ["eu"], **options}
     with pytest.raises(InvalidSchedule, match=message) as raised:
         wf.schedule("reports.daily", **values)  # type: ignore[arg-type]
     assert isinstance(raised.value, ConfigurationError)
@@ -92,3 +95,27 @@ def test_the_ticker_starts_one_run_per_tick_with_the_schedules_arguments(wf: Wor
 def test_no_ticker_for_an_app_without_workflows() -> None:
     bare = Workflows(Celery("schedules-bare"), MemoryWorld(), broker="app")
     assert start_ticker(bare) is None
+
+
+def test_a_schedule_whose_start_fails_does_not_stop_the_others(wf: Workflows) -> None:
+    from celery_workflow.schedules import Ticker, WorldStarter, schedules_of
+
+    clock = SpedUpClock(datetime(2026, 1, 1, 0, 0, 59, tzinfo=UTC), factor=1.0)
+    wf.schedule_clock = clock
+    wf.schedule("reports.daily", cron="* * * * *", id="a-broken", args=["x"])
+    wf.schedule("reports.daily", cron="* * * * *", id="b-fine", args=["eu"])
+    store = schedules_of(wf.world)
+    assert store is not None
+    started: list[str] = []
+
+    def start(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> None:
+        if run_id.startswith("a-broken@"):
+            raise WorldUnavailable("the World did not answer")
+        wf.runtime.start(name, args, kwargs, run_id=run_id)
+        started.append(run_id)
+
+    starter = WorldStarter(lambda n: True, start, lambda r: wf.world.get_run(r).status, wf.runtime.cancel)
+    fast = SpedUpClock(datetime(2026, 1, 1, 0, 1, 1, tzinfo=UTC), factor=1.0)
+    reports, _ = Ticker(store, starter, clock=fast).tick()
+    assert [r.schedule_id for r in reports] == ["b-fine"] and started == ["b-fine@2026-01-01T00:01:00Z"]
+    assert wf.schedules.get("a-broken").lease_holder is not None  # left to its lease: tried again when it runs out

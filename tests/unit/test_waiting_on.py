@@ -118,3 +118,26 @@ def test_an_ended_run_waits_for_nothing(wf: Workflows) -> None:
     wf.resume_hook(TOKEN, {"ok": True})
     worker.run_until_complete(run)
     assert run.waiting_on == []
+
+
+def test_the_http_client_reads_it_from_get_run(wf: Workflows) -> None:
+    import threading
+
+    from flask import Flask
+    from werkzeug.serving import make_server
+
+    from celery_workflow.client import HTTPClient
+
+    run = wf.start("approval")
+    LocalWorker(wf).run_until(lambda: bool(run.waiting_on))
+    app = Flask("waiting-http")
+    app.register_blueprint(wf.blueprint(), url_prefix="/wf")
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (item,) = HTTPClient(f"http://127.0.0.1:{server.server_port}/wf").get_run(run.id).waiting_on
+    finally:
+        server.shutdown()
+        thread.join(5)
+    assert item["kind"] == "hook" and item["token"] is None and item["text"] == "hook hook:1 (token hidden)"
