@@ -6,7 +6,7 @@ schedules of workflows it knows, at most :attr:`Ticker.poll` seconds (a schedule
 then), and for each due schedule:
 
 1. **claims** the tick: a compare-and-set of the schedule's version that sets a short lease
-   (:attr:`Ticker.lease` clock seconds). Of several tickers that see the tick due, one wins; the others skip it.
+   (:attr:`Ticker.lease` real seconds). Of several tickers that see the tick due, one wins; the others skip it.
    A ticker that dies holding the lease leaves the tick to whichever ticker finds the lease run out;
 2. **fires** every tick from ``next_tick`` up to now: a tick later than the schedule's ``catch_up`` window is
    skipped (missed while nothing ran); one within it starts the run :func:`~.model.tick_run_id` (idempotent by run
@@ -54,6 +54,10 @@ class Clock(Protocol):
         """How many real seconds pass while this clock moves ``seconds``."""
         ...
 
+    def clock_seconds(self, seconds: float) -> float:
+        """How far this clock moves in ``seconds`` real seconds."""
+        ...
+
 
 class SystemClock:
     """The real time."""
@@ -62,6 +66,9 @@ class SystemClock:
         return ids.utcnow()
 
     def real_seconds(self, seconds: float) -> float:
+        return seconds
+
+    def clock_seconds(self, seconds: float) -> float:
         return seconds
 
 
@@ -80,13 +87,18 @@ class SpedUpClock:
     def real_seconds(self, seconds: float) -> float:
         return seconds / self.factor
 
+    def clock_seconds(self, seconds: float) -> float:
+        return seconds * self.factor
+
 
 class Starter(Protocol):
     """What the ticker needs of the app: start a run, tell whether one is still going, cancel one."""
 
     def knows(self, workflow_name: str) -> bool: ...
 
-    def start(self, workflow_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> None: ...
+    def start(self, workflow_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> bool:
+        """Start the run (idempotent by ``run_id``): True when this call created it."""
+        ...
 
     def running(self, run_id: str) -> bool: ...
 
@@ -159,7 +171,8 @@ class Ticker:
     def fire(self, schedule: Schedule) -> TickReport | None:
         """Claim, fire and advance ``schedule`` (as read); None when another ticker claimed it first."""
         now = self.clock.now()
-        claimed = schedule.changed(now, lease_holder=self.holder, lease_until=now + timedelta(seconds=self.lease))
+        lease = timedelta(seconds=self.clock.clock_seconds(self.lease))  # real seconds, whatever the clock's pace
+        claimed = schedule.changed(now, lease_holder=self.holder, lease_until=now + lease)
         if not self.store.replace_schedule(claimed, schedule.version):
             return None
         assert schedule.next_tick is not None
@@ -188,8 +201,12 @@ class Ticker:
                     last_run, f"schedule {schedule.schedule_id}: tick {ids.isoformat(tick)} replaces it"
                 )
                 report.cancelled.append(last_run)
-            self.starter.start(schedule.workflow_name, args, kwargs, run_id)
-            log.info("schedule %s: tick %s started run %s", schedule.schedule_id, ids.isoformat(tick), run_id)
+            if self.starter.start(schedule.workflow_name, args, kwargs, run_id):
+                log.info("schedule %s: tick %s started run %s", schedule.schedule_id, ids.isoformat(tick), run_id)
+            else:  # fired before by a ticker whose lease ran out
+                log.info(
+                    "schedule %s: tick %s had started run %s already", schedule.schedule_id, ids.isoformat(tick), run_id
+                )
             report.started.append(run_id)
             last_run, last_tick = run_id, tick
         if report.skipped_late:
@@ -275,8 +292,9 @@ class WorldStarter:
     def knows(self, workflow_name: str) -> bool:
         return self.known(workflow_name)
 
-    def start(self, workflow_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> None:
-        self.start_run(workflow_name, args, kwargs, run_id)
+    def start(self, workflow_name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> bool:
+        started = self.start_run(workflow_name, args, kwargs, run_id)
+        return bool(started[1]) if isinstance(started, tuple) else True  # (view, created), as Runtime.start answers
 
     def running(self, run_id: str) -> bool:
         try:

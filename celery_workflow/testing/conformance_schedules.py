@@ -45,6 +45,9 @@ class ManualClock:
     def real_seconds(self, seconds: float) -> float:
         return 0.0
 
+    def clock_seconds(self, seconds: float) -> float:
+        return seconds
+
 
 def _starter(world: World, started: list[str]) -> WorldStarter:
     def start(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> None:

@@ -108,11 +108,12 @@ def test_a_schedule_whose_start_fails_does_not_stop_the_others(wf: Workflows) ->
     assert store is not None
     started: list[str] = []
 
-    def start(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> None:
+    def start(name: str, args: Sequence[Any], kwargs: Mapping[str, Any], run_id: str) -> bool:
         if run_id.startswith("a-broken@"):
             raise WorldUnavailable("the World did not answer")
         wf.runtime.start(name, args, kwargs, run_id=run_id)
         started.append(run_id)
+        return True
 
     starter = WorldStarter(lambda n: True, start, lambda r: wf.world.get_run(r).status, wf.runtime.cancel)
     fast = SpedUpClock(datetime(2026, 1, 1, 0, 1, 1, tzinfo=UTC), factor=1.0)
