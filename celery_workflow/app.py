@@ -27,14 +27,14 @@ from kombu import serialization
 from celery_workflow import task_names, worker_setup
 from celery_workflow.broker_choice import DEFAULT_RELAY_LEASE, broker_choice
 from celery_workflow.client import Run
-from celery_workflow.errors import ConfigurationError, InvalidSchedule, PayloadError
+from celery_workflow.errors import ConfigurationError, PayloadError
 from celery_workflow.events import HookView, RunStatus
 from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
-from celery_workflow.schedules import Clock, Schedule, Schedules, SystemClock
+from celery_workflow.schedules.api import Scheduling
 from celery_workflow.task_names import python_identifier, step_task_name, workflow_task_name
 from celery_workflow.telemetry import Telemetry
 from celery_workflow.transport.store import backoff
@@ -168,7 +168,7 @@ class Step(Generic[P, R]):
         return f"<Step {self.name}>"
 
 
-class Workflows:
+class Workflows(Scheduling):
     """Durable workflows on a Celery app.
 
     ``world`` is a World or a URL (``sqlite:///path``, ``postgresql://…``); ``None`` means the embedded SQLite World
@@ -212,8 +212,6 @@ class Workflows:
         #: The queues given as ``queues=`` (None: not given); a worker without ``-Q`` serves them too.
         self.declared_queues = frozenset(queues) if queues is not None else None
         self.routes: dict[str, str] = {}
-        #: The time schedules fire by (a ``schedules.SpedUpClock`` in tests); read by the worker's ticker.
-        self.schedule_clock: Clock = SystemClock()
         self.runtime = Runtime(
             self.world,
             self.registry,
@@ -505,37 +503,6 @@ class Workflows:
 
     def cancel(self, run_id: str, reason: str | None = None) -> None:
         self.runtime.cancel(run_id, reason)
-
-    def schedule(
-        self,
-        workflow: Workflow[Any, Any] | str,
-        *,
-        cron: str,
-        id: str,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        timezone: str = "UTC",
-        overlap: str = "skip",
-        catch_up: timedelta | float = timedelta(minutes=1),
-    ) -> Schedule:
-        """Start a run of ``workflow`` at every tick of ``cron`` in ``timezone``, durably in the World (idempotent:
-        see :mod:`celery_workflow.schedules`); the workers' tickers fire it, one run per tick."""
-        name = workflow if isinstance(workflow, str) else workflow.name
-        wdef = self.registry.workflows.get(name)
-        if wdef is not None:  # its arguments must fit its signature (checked now, not at its first tick)
-            try:
-                encoded = wdef.signature.encode_args(args, kwargs or {})
-            except PayloadError as exc:
-                raise InvalidSchedule(f"schedule {id}: {exc}") from exc
-            args, kwargs = encoded["args"], encoded["kwargs"]
-        return self.schedules.define(
-            id, name, cron, args=args, kwargs=kwargs, timezone=timezone, overlap=overlap, catch_up=catch_up
-        )
-
-    @property
-    def schedules(self) -> Schedules:
-        """List, show, pause, resume and delete this World's schedules."""
-        return Schedules(self.world, self.schedule_clock)
 
     def blueprint(self, *, name: str = "celery_workflow", authorize: Callable[[Any, str], bool] | None = None) -> Any:
         """A Flask blueprint serving the RPC and webhook endpoints (``celery_workflow.api.blueprint``); ``authorize``
