@@ -103,11 +103,15 @@ def test_runs_watch_shows_what_the_run_waits_for_until_it_ends(wf: Workflows, ur
         "0.05",
     ]
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert "running" in first and "waiting on hook hook:1 (token hidden)" in first, first
-        wf.resume_hook(TOKEN, {"ok": True})
-        LocalWorker(wf).run_until_complete(hooked)
-        rest, errors = proc.communicate(timeout=30)
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert "running" in first and "waiting on hook hook:1 (token hidden)" in first, first
+            wf.resume_hook(TOKEN, {"ok": True})
+            LocalWorker(wf).run_until_complete(hooked)
+            rest, errors = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:  # a failed check above: do not wait for a watch that never ends
+                proc.kill()
     assert proc.returncode == 0, errors
     assert rest.splitlines()[-1] == 'output  {"ok": true}' and "waiting on" not in rest.splitlines()[-2]
