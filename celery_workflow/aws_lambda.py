@@ -20,7 +20,9 @@
 
 :func:`queue_handler` runs the deliveries of an SQS batch and answers ``{"batchItemFailures": [...]}``, so SQS
 redelivers only the messages that failed (the mapping must enable ``ReportBatchItemFailures``, or Lambda deletes the
-whole batch). For each message: the World accepts it (a message whose body is not ours or whose record is gone is
+whole batch). The handler deletes no message itself: the mapping deletes every message the handler leaves out of
+``batchItemFailures`` (one ``DeleteMessageBatch`` per batch), and a reported one stays for SQS to deliver again. For
+each message: the World accepts it (a message whose body is not ours or whose record is gone is
 acknowledged, one that arrives early is sent again with the remaining delay, an expiry runs the run's retention);
 the delivery runs with its visibility extended every 30 s; a failure (of the delivery, or of the acknowledgement
 after it: the message alone, never the batch) is reported and its message comes back after a backoff that doubles

@@ -293,7 +293,8 @@ class AWSAppend:
             world.queue.publish(request.run_id, published)
         for done in (tx.ack, tx.delete_message):
             if done is not None:
-                world.queue.delete_message(done.queue, done.handle)
+                if not done.esm:  # an event source mapping's message: the mapping deletes it once reported done
+                    world.queue.delete_message(done.queue, done.handle)
                 world.queue.settled(done)
         if tx.stale_outbox:
             world.queue.republish(request.run_id)

@@ -135,25 +135,32 @@ def body_of(text: str) -> tuple[str, str | None] | None:
     return data["id"], run if isinstance(run, str) else None
 
 
+#: The receipt tags: a message received here (``sqs``: the World deletes it once done) or handed to a Lambda function
+#: by an event source mapping (``esm``: the mapping deletes it once the handler reports it done).
+RECEIPT_TAGS = ("sqs", "esm")
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """What a claim's receipt string carries."""
+    """What a claim's receipt string carries. ``esm``: the message came from a Lambda event source mapping, which
+    deletes it when the handler does not report it in ``batchItemFailures``: the World never deletes it itself."""
 
     queue: str
     id: str
     claim: int
     handle: str
+    esm: bool = False
 
     def __str__(self) -> str:
-        return f"sqs|{self.queue}|{self.id}|{self.claim}|{self.handle}"
+        return f"{RECEIPT_TAGS[self.esm]}|{self.queue}|{self.id}|{self.claim}|{self.handle}"
 
     @classmethod
     def parse(cls, text: str) -> Receipt:
         try:
             tag, queue, record, claim, handle = text.split("|", 4)
-            if tag != "sqs" or not handle:
+            if tag not in RECEIPT_TAGS or not handle:
                 raise ValueError(text)
-            return cls(queue, record, int(claim), handle)
+            return cls(queue, record, int(claim), handle, tag == "esm")
         except (AttributeError, ValueError) as exc:
             raise WorldError(f"malformed AWS World receipt {text!r}") from exc
 
@@ -305,13 +312,21 @@ class SQSQueue:
                         out.append(claimed)
         return out
 
-    def accept(self, queue: str, handle: str, body: str, receive_count: int) -> ClaimedDelivery | None:
+    def accept(
+        self, queue: str, handle: str, body: str, receive_count: int, *, esm: bool = False
+    ) -> ClaimedDelivery | None:
         """Take one received message: None when it was handled here and acknowledged (not ours, record gone, early,
-        an expiry), else the claimed delivery."""
+        an expiry), else the claimed delivery. ``esm``: a Lambda event source mapping's message, which the mapping
+        deletes once the handler reports it done (acknowledging it here deletes nothing, and its receipt says so)."""
+
+        def done() -> None:
+            if not esm:
+                self.delete_message(queue, handle)
+
         parsed = body_of(body)
         if parsed is None:
             log.warning("acknowledging a message on %r that is not a celery_workflow delivery: %.200r", queue, body)
-            self.delete_message(queue, handle)
+            done()
             return None
         record_id, run_id = parsed
         try:
@@ -326,7 +341,7 @@ class SQSQueue:
         except ConditionFailed:
             if run_id is not None:  # done already; its writer may have died before sending what it queued
                 self.republish(run_id)
-            self.delete_message(queue, handle)
+            done()
             return None
         record = Record.from_item(item)
         if record.kind == "expire":
@@ -335,18 +350,18 @@ class SQSQueue:
                 self.table.delete({"pk": queue_pk(record.id), "sk": META})
             else:
                 self.defer(record, deferred)
-            self.delete_message(queue, handle)
+            done()
             return None
         now = ids.utcnow()
         if record.due - now > EARLY_TOLERANCE:  # arrived early (a long delay in steps of 15 minutes)
             self.send(record, now=now)
-            self.delete_message(queue, handle)
+            done()
             return None
         if receive_count > 1 and record.run_id is not None:
             self.republish(record.run_id)
         if record.marked:
             self.unmark_wake(record)
-        receipt = Receipt(queue, record.id, record.claim, handle)
+        receipt = Receipt(queue, record.id, record.claim, handle, esm)
         return ClaimedDelivery(str(receipt), queue, record.payload, receive_count, record.run_id)
 
     def unmark_wake(self, record: Record) -> None:
@@ -427,11 +442,12 @@ class SQSQueue:
         self.send(replace(record, due=due))
 
     def ack(self, receipt: str) -> None:
-        """Delete the record (unless someone claimed it since) and the message."""
+        """Delete the record (unless someone claimed it since) and the message (an event source mapping's message:
+        the mapping deletes it)."""
         r = Receipt.parse(receipt)
         if self._was_settled(r):
             return
-        if self.delete_record(r):
+        if self.delete_record(r) and not r.esm:
             self.delete_message(r.queue, r.handle)
 
     def delete_record(self, r: Receipt) -> bool:

@@ -167,10 +167,12 @@ class AWSWorld(TemplateWorld, StoreStreams):
     def accept_message(self, message: Mapping[str, Any]) -> ClaimedDelivery | None:
         """Take one message of an SQS event (a Lambda event source mapping's ``Records`` entry): None when it was
         handled here and needs nothing more (not ours, already done, early, an expiry), else the claimed delivery
-        to run (its receipt acks it; its ``attempts`` is the message's receive count)."""
+        to run (its receipt acks it; its ``attempts`` is the message's receive count). The World never deletes
+        such a message: the event source mapping deletes it once the handler leaves it out of ``batchItemFailures``
+        (one ``DeleteMessageBatch`` for the batch), and a message reported there stays for SQS to deliver again."""
         queue = self.queue_of_arn(str(message["eventSourceARN"]))
         count = int((message.get("attributes") or {}).get("ApproximateReceiveCount", "1"))
-        return self.queue.accept(queue, str(message["receiptHandle"]), str(message.get("body", "")), count)
+        return self.queue.accept(queue, str(message["receiptHandle"]), str(message.get("body", "")), count, esm=True)
 
     def return_message(self, message: Mapping[str, Any], delay: float = 0.0) -> None:
         """Make a message of an SQS event visible again in ``delay`` seconds (0: at once), by its receipt handle:

@@ -57,6 +57,18 @@ def sqs_event(aws: Aws, *, visibility: int = 30, wanted: int = 10) -> dict[str, 
     }
 
 
+def invoke(aws: Aws, handler: Any, event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """What an event source mapping does with ReportBatchItemFailures: invoke the handler with the batch, then delete
+    the messages it did not report (one DeleteMessageBatch); the reported ones stay for SQS to deliver again."""
+    answer: dict[str, Any] = handler(event, context)
+    failed = {f["itemIdentifier"] for f in answer["batchItemFailures"]}
+    done = [r for r in event["Records"] if r["messageId"] not in failed]
+    if done:
+        entries = [{"Id": str(i), "ReceiptHandle": r["receiptHandle"]} for i, r in enumerate(done)]
+        aws.sqs.delete_message_batch(QueueUrl=aws.queue_url, Entries=entries)
+    return answer
+
+
 @pytest.fixture
 def wf(aws: Aws) -> Iterator[Workflows]:
     app = Workflows(Celery("lambda-app"), world=aws.world(), broker="app")
@@ -77,6 +89,10 @@ def wf(aws: Aws) -> Iterator[Workflows]:
         sleep(1)
         decision = create_hook(token=f"approve:{n}").wait()
         return {"a": a, "b": b, "c": c, "ok": decision["ok"]}
+
+    @app.workflow
+    def fan_out() -> int:
+        return sum(gather(double.start(1), double.start(2)))
 
     @app.workflow
     def two_slow_steps(seconds: float) -> list[float]:
@@ -100,7 +116,7 @@ def drive(aws: Aws, handler: Any, until: Any, *, timeout: float = 30.0) -> list[
         assert time.monotonic() < deadline, "the runs did not finish"
         event = sqs_event(aws)
         if event["Records"]:
-            answers.append(handler(event, Context(60)))
+            answers.append(invoke(aws, handler, event, Context(60)))
         else:
             time.sleep(0.05)
     return answers
@@ -121,6 +137,52 @@ def test_the_queue_handler_runs_workflows_to_completion(aws: Aws, wf: Workflows)
                                  ExpressionAttributeValues={":q": {"S": "QUEUE#"}})["Items"]  # fmt: skip
 
 
+def test_the_event_source_mapping_deletes_the_messages_the_handler_ran(aws: Aws, wf: Workflows) -> None:
+    """Under Lambda the handler deletes no message itself: the event source mapping deletes what the handler did not
+    report, one DeleteMessageBatch per batch, so a DeleteMessage per delivery would be a second, paid delete of the
+    same message (issue #31, item 1). Messages that are not ours, or whose record is gone, are left to it too."""
+    deletes: list[str] = []
+    aws.sqs.meta.events.register("before-call.sqs.DeleteMessage", lambda **_: deletes.append("DeleteMessage"))
+    handler = queue_handler(wf)
+    runs = [wf.start("two_slow_steps", 0.0), wf.start("fan_out")]
+    aws.sqs.send_message(QueueUrl=aws.queue_url, MessageBody="{not json")
+    aws.sqs.send_message(
+        QueueUrl=aws.queue_url, MessageBody=json.dumps({"celery_workflow": 1, "id": "gone", "run": None})
+    )
+    answers = drive(aws, handler, lambda: all(r.status.terminal for r in runs))
+    assert [r.result() for r in runs] == [[0.0, 0.0], 6]
+    assert all(a == {"batchItemFailures": []} for a in answers)
+    assert deletes == []
+    assert sqs_event(aws, visibility=0)["Records"] == []  # the mapping deleted every one
+
+
+def test_a_message_whose_delivery_failed_is_reported_and_not_deleted(
+    aws: Aws, wf: Workflows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery that fails after its append committed (here: SQS refuses the messages of the steps it queued) is
+    reported in batchItemFailures and its message is not deleted, by the handler or the mapping: SQS delivers it
+    again, and that delivery publishes what the run's outbox still lists, so the run completes (issue #31, item 1)."""
+    from celery_workflow.errors import WorldUnavailable
+
+    handler = queue_handler(wf)
+    run = wf.start("fan_out")
+    send = wf.world.queue.send  # type: ignore[attr-defined]
+
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise WorldUnavailable("SQS is away")
+
+    monkeypatch.setattr(wf.world.queue, "send", refused)  # type: ignore[attr-defined]
+    event = sqs_event(aws, visibility=1)
+    (message,) = event["Records"]
+    assert invoke(aws, handler, event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": message["messageId"]}]}
+    monkeypatch.setattr(wf.world.queue, "send", send)  # type: ignore[attr-defined]
+    again = eventually(lambda: sqs_event(aws)["Records"] or None, timeout=10)
+    assert [r["messageId"] for r in again] == [message["messageId"]]  # kept: delivered again
+    assert invoke(aws, handler, {"Records": again}, Context(60)) == {"batchItemFailures": []}
+    drive(aws, handler, lambda: run.status.terminal)
+    assert run.result() == 6
+
+
 def test_failures_are_reported_per_message_and_backed_off(aws: Aws, wf: Workflows) -> None:
     other = Workflows(Celery("other-app"), world=wf.world, broker="app")
 
@@ -134,7 +196,7 @@ def test_failures_are_reported_per_message_and_backed_off(aws: Aws, wf: Workflow
     event = sqs_event(aws)
     assert len(event["Records"]) == 2
     bad_message = next(r["messageId"] for r in event["Records"] if json.loads(r["body"])["run"] == bad.id)
-    assert handler(event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": bad_message}]}
+    assert invoke(aws, handler, event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": bad_message}]}
     drive(aws, handler, lambda: good.status.terminal)
     assert good.result() == [0.0, 0.0]
     assert retry_delay(1) == 1 and retry_delay(5) == 16 and retry_delay(50) == 900
@@ -173,7 +235,7 @@ def test_a_failed_ack_is_reported_for_its_message_alone(
 
     monkeypatch.setattr(wf.world, "accept_message", spy)
     monkeypatch.setattr(wf.world, "ack", ack)
-    assert handler(event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": by_run[unlucky.id]}]}
+    assert invoke(aws, handler, event, Context(60)) == {"batchItemFailures": [{"itemIdentifier": by_run[unlucky.id]}]}
     monkeypatch.setattr(wf.world, "ack", original)
     drive(aws, handler, lambda: unlucky.status.terminal and lucky.status.terminal)
     assert unlucky.result() == lucky.result() == [0.0, 0.0]
@@ -185,7 +247,7 @@ def test_past_half_the_deadline_the_rest_is_handed_back(aws: Aws, wf: Workflows)
     second = wf.start("two_slow_steps", 1.2)
     event = sqs_event(aws)
     assert len(event["Records"]) == 2
-    answer = handler(event, Context(2.0))  # halfway after 1 s: the first slow step runs past it
+    answer = invoke(aws, handler, event, Context(2.0))  # halfway after 1 s: the first slow step runs past it
     by_run = {json.loads(r["body"])["run"]: r["messageId"] for r in event["Records"]}
     started_first = first.status is not RunStatus.PENDING
     handed_back = by_run[second.id] if started_first else by_run[first.id]
@@ -212,7 +274,9 @@ def test_a_running_delivery_keeps_its_message_hidden(aws: Aws, wf: Workflows, mo
     monkeypatch.setattr(wf.world, "extend", spy)
     handler = queue_handler(wf, extend_every=0.1, extend_to=7)
     run = wf.start("two_slow_steps", 0.4)
-    answer = handler(sqs_event(aws, visibility=1), Context(60))  # the steps outlast the message's 1 s visibility
+    answer = invoke(
+        aws, handler, sqs_event(aws, visibility=1), Context(60)
+    )  # the steps outlast the message's 1 s visibility
     assert answer == {"batchItemFailures": []} and run.result() == [0.4, 0.4]
     assert len(extended) >= 4 and {lease for _, lease in extended} == {7}
     assert sqs_event(aws, visibility=0)["Records"] == []  # never delivered twice meanwhile, and deleted at the end
@@ -224,7 +288,7 @@ def test_messages_that_are_not_ours_are_acknowledged(aws: Aws, wf: Workflows) ->
     aws.sqs.send_message(
         QueueUrl=aws.queue_url, MessageBody=json.dumps({"celery_workflow": 1, "id": "gone", "run": None})
     )
-    assert handler(sqs_event(aws), Context(60)) == {"batchItemFailures": []}
+    assert invoke(aws, handler, sqs_event(aws), Context(60)) == {"batchItemFailures": []}
     assert sqs_event(aws, visibility=0)["Records"] == []
 
 
@@ -335,7 +399,7 @@ def test_a_message_on_its_last_receive_is_dead_lettered_and_its_run_failed(
         assert time.monotonic() < deadline, "the run was not failed"
         event = sqs_event(aws, visibility=0)
         if event["Records"]:
-            answers.append(handler(event, Context(60)))
+            answers.append(invoke(aws, handler, event, Context(60)))
     assert [len(a["batchItemFailures"]) for a in answers] == [1, 1, 0]  # two failed deliveries, then the move
     error = run.view().error or {}
     assert error["type"] == "celery_workflow.errors.DeadLettered" and error["reason"] == "max-deliveries"
