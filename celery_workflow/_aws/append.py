@@ -1,12 +1,17 @@
 """How the AWS World writes a batch (not part of the public API): the append template's steps on DynamoDB.
 
-``load`` reads (one ``TransactGetItems``, or ``META`` first and then the rest) the run's ``META`` item (view, event count, live hooks, created
+``load`` plans on what the delivery read of its run when this process kept it (:mod:`celery_workflow._aws.kept`:
+no read before the append, only a ``BatchGetItem`` of views it does not hold yet); otherwise, or when that guess
+was refused, it reads (one ``TransactGetItems``, or ``META`` first and then the rest) the run's ``META`` item (view, event count, live hooks, created
 hook ids, outbox) and the items the batch names: its steps, waits and hooks, the owners of the tokens it claims, and
 the ``QUEUE#`` record it acks (plus, when the batch may end the run, every wait of the run). ``write`` sends ONE
 ``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw, each event, each changed
 step, hook, token and wait, the run-end cleanup, the new ``QUEUE#`` records (listed in the run's outbox) and the
 deletion of the acked record (conditioned on its claim). A failed condition means another writer got there first:
-the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. After the commit the new
+the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. The META update and the ack's
+delete return the item as it was when refused (``ReturnValuesOnConditionCheckFailure=ALL_OLD``): a refused ack
+tells a record acked already from one claimed again, and a refused META tells whether the refused batch was this
+request's own lost commit (META names the last append in ``write_id``) without reading its events. After the commit the new
 records are published (:mod:`celery_workflow._aws.queue`) and the acked message deleted.
 
 Limits: at most 100 actions and 4 MB per transaction and 400 KB per item, checked before anything is sent
@@ -23,15 +28,15 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_workflow import ids, rules
+from celery_workflow._aws.append_meta import AppendTx, is_wake, live_hooks, meta_update, typed
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed
 from celery_workflow._aws.items import (
     CODEC,
-    RETENTION_PREFIX,
     event_item,
     from_item,
     hook_item,
@@ -39,13 +44,13 @@ from celery_workflow._aws.items import (
     retained_item,
     retained_of,
     retentions_of,
-    run_item,
     token_item,
     value_size,
     view_item,
     view_of,
 )
-from celery_workflow._aws.queue import WAKE_KEY, Receipt, Record, scheduled
+from celery_workflow._aws.kept import OUTBOX_GRACE_MICROS, Kept, KeptSnapshots
+from celery_workflow._aws.queue import Receipt, Record
 from celery_workflow._aws.table import (
     MAX_ACTIONS,
     MAX_ITEM_BYTES,
@@ -73,8 +78,8 @@ R = TypeVar("R")
 
 #: Attempts of one append against concurrent writers of the same run (hot keys trade throughput for retries).
 MAX_ATTEMPTS = 30
-#: An outbox entry older than this was left by a writer that stopped: the next append of the run publishes it.
-OUTBOX_GRACE_MICROS = 60_000_000
+#: An outbox entry older than :data:`OUTBOX_GRACE_MICROS` was left by a writer that stopped: the next append of the
+#: run publishes it.
 #: DynamoDB's limit on the aggregate size of a transaction's items (4 MB), as this module measures it: every Put's
 #: item, every Update's key and values, every Delete's key.
 MAX_TRANSACTION_BYTES = 4_000_000
@@ -116,23 +121,6 @@ APPEND_LIMITS = AppendLimits(
 )
 
 
-@dataclass(slots=True)
-class _Tx:
-    """What ``load`` learnt for ``write``, besides the snapshot."""
-
-    hooks: dict[str, str] = field(default_factory=dict)  # the run's live hooks: id -> token
-    retentions: dict[str, rules.RetainedToken] = field(default_factory=dict)  # theirs, by hook id (see rules)
-    retained: dict[str, rules.RetainedToken] = field(default_factory=dict)  # claimed tokens ended runs retain
-    waits: list[str] = field(default_factory=list)  # every wait of the run (read when the batch may end it)
-    ack: Receipt | None = None  # the acked claim, when its record is still this claim's
-    delete_message: Receipt | None = None  # the acked message, when its record is gone already
-    stale_outbox: bool = False
-    schedules: set[str] = field(default_factory=set)  # the run's records delivered through the Scheduler (META)
-    pending_wake: str | None = None  # the run's queued, unclaimed wake-up (META ``pending_wake``), if any
-    dropped_wake: bool = False  # this append's wake-up is left out for it
-    holding: bool = False  # the acked delivery is the one ``pending_wake`` names: the append ends its hold
-
-
 def update_action(table: str, key: dict[str, str], values: dict[str, Any], condition: str) -> dict[str, Any]:
     """A transaction ``Update`` that sets ``values`` (a None value removes the attribute) under ``condition``."""
     names: dict[str, str] = {}
@@ -163,15 +151,17 @@ class AWSAppend:
 
     def __init__(self, world: AWSWorld) -> None:
         self.world = world
+        #: What deliveries read of their runs, to plan their appends on (celery_workflow._aws.kept).
+        self.kept = KeptSnapshots()
 
     def now(self) -> datetime:
         return ids.utcnow()
 
-    def transaction(self, body: Callable[[_Tx], R], request: AppendRequest) -> R:
+    def transaction(self, body: Callable[[AppendTx], R], request: AppendRequest) -> R:
         delay = 0.01
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                return body(_Tx())
+                return body(AppendTx())
             except StaleSnapshot:
                 if attempt == MAX_ATTEMPTS:
                     break
@@ -183,11 +173,14 @@ class AWSAppend:
 
     # -- reads -------------------------------------------------------------------------------------------------------
 
-    def load(self, tx: _Tx, request: AppendRequest, *, fresh: bool) -> Loaded:
+    def load(self, tx: AppendTx, request: AppendRequest, *, fresh: bool) -> Loaded:
         world, run_id, keys = self.world, request.run_id, request.keys
         receipt = Receipt.parse(request.ack) if request.ack is not None else None  # malformed: before any read
         world.queue.check(request.deliveries)
         pk = run_pk(run_id)
+        kept = self.kept.take(run_id)  # one append at a time plans on it; the write gives back the advanced one
+        if kept is not None and not fresh and request.batch and not keys.tokens and not kept.schedules:
+            return self._guess(tx, request, kept, receipt)
         wanted: list[dict[str, str]] = []
         wanted += [{"pk": pk, "sk": step_sk(s)} for s in keys.steps]
         wanted += [{"pk": pk, "sk": wait_sk(w)} for w in keys.waits]
@@ -201,7 +194,10 @@ class AWSAppend:
         if meta is None:
             return Loaded(rules.Snapshot(None))
         stored = from_item(meta)
-        snapshot = rules.Snapshot(CODEC.run(stored))
+        run = CODEC.run(stored)
+        snapshot = rules.Snapshot(run)
+        if kept is not None and kept.snapshot.run is not None and kept.snapshot.run.event_count == run.event_count:
+            tx.kept = kept  # still the run's state: advanced after this write
         tx.hooks = dict(stored.get("hooks") or {})
         tx.retentions = snapshot.retentions = retentions_of(run_id, meta)
         created = set(stored.get("created_hooks") or {})
@@ -233,11 +229,57 @@ class AWSAppend:
                 tx.delete_message = receipt  # acked already (or never recorded): only the message is left
             elif Record.from_item(record).claim == receipt.claim:
                 tx.ack = receipt
+        if tx.kept is not None:  # what was read joins what was kept
+            tx.kept.snapshot.steps.update(snapshot.steps)
+            tx.kept.snapshot.waits.update(snapshot.waits)
+            tx.kept.snapshot.hooks.update(snapshot.hooks)
         return Loaded(snapshot)
+
+    def _guess(self, tx: AppendTx, request: AppendRequest, kept: Kept, receipt: Receipt | None) -> Loaded:
+        """Plan on the kept snapshot: read only the views the batch names that it does not hold (consistently, after
+        the META read it was made from), assume the acked claim is still the record's (its delete is conditioned on
+        it), and let the write's conditions refuse a stale guess (see celery_workflow._aws.kept)."""
+        run_id = request.run_id
+        steps, waits, hooks = kept.missing(request.keys)
+        keys = [{"pk": run_pk(run_id), "sk": step_sk(s)} for s in steps]
+        keys += [{"pk": run_pk(run_id), "sk": wait_sk(w)} for w in waits]
+        keys += [{"pk": hook_pk(run_id, h), "sk": META} for h in hooks]
+        snapshot = kept.snapshot
+        for item in self.world.table.get_many(keys) if keys else ():
+            sk = item["sk"]["S"]
+            if sk.startswith("STEP#"):
+                view = view_of("steps", item)
+                snapshot.steps[view.step_id] = view
+            elif sk.startswith("WAIT#"):
+                view = view_of("waits", item)
+                snapshot.waits[view.wait_id] = view
+            else:
+                view = view_of("hooks", item)
+                snapshot.hooks[view.hook_id] = view
+        tx.kept, tx.guess = kept, True
+        tx.hooks = dict(kept.hooks)
+        tx.retentions = dict(snapshot.retentions)
+        tx.schedules = set(kept.schedules)
+        tx.pending_wake = kept.pending_wake
+        if request.ends_run:
+            tx.waits = sorted(kept.waits | set(snapshot.waits))
+        tx.ack = receipt
+        return Loaded(snapshot, guess=True)
+
+    def _keep(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan, records: list[Record]) -> None:
+        """Give back the kept snapshot, advanced by the written plan."""
+        if tx.kept is None or plan.run_ended:
+            return
+        acked = {tx.ack.id} if tx.ack is not None else set()
+        schedules = frozenset((tx.schedules - acked) | tx.scheduled)
+        wake = next((r.id for r in records if r.marked), None)
+        if wake is None:
+            wake = None if tx.holding else tx.pending_wake
+        self.kept.put(tx.kept.advanced(plan, live_hooks(tx, plan), schedules, wake))
 
     # -- the write ---------------------------------------------------------------------------------------------------
 
-    def write(self, tx: _Tx, request: AppendRequest, plan: rules.Plan) -> None:
+    def write(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan) -> None:
         world = self.world
         now = ids.utcnow()
         records = [Record.of(d, now) for d in request.deliveries]
@@ -260,6 +302,7 @@ class AWSAppend:
                         "Key": {"pk": {"S": queue_pk(tx.ack.id)}, "sk": {"S": META}},
                         "ConditionExpression": "claim = :claim",
                         "ExpressionAttributeValues": {":claim": {"N": str(tx.ack.claim)}},
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
                     }
                 }
             )
@@ -280,11 +323,16 @@ class AWSAppend:
             world.table.transact("TransactWriteItems (append)", actions)
         except Cancelled as exc:
             if ack_index is not None and exc.conditions_failed == [ack_index]:
-                tx.ack = None  # claimed again since load: the receipt is stale, the append goes on without the ack
+                # claimed again since (the receipt is stale), or acked already (only the message is left): the
+                # append goes on without the ack; the record as it was came with the refusal (ALL_OLD)
+                if exc.items[ack_index] is None:
+                    tx.delete_message = tx.ack
+                tx.ack = None
                 self.write(tx, request, plan)
                 return
-            if not self._committed(request, plan):
+            if not self._committed(request, plan, exc.items[0] if 0 in exc.conditions_failed else None):
                 raise StaleSnapshot() from None
+        self._keep(tx, request, plan, records)
         self._clean_up(cleanup[room:])
         if plan.run_ended and tx.schedules:  # no timer of a finished run fires later
             world.schedules.cancel(request.run_id, sorted(tx.schedules - {tx.ack.id if tx.ack else ""}))
@@ -327,16 +375,26 @@ class AWSAppend:
             except ConditionFailed:
                 pass  # another run's hook owns the token now
 
-    def _committed(self, request: AppendRequest, plan: rules.Plan) -> bool:
+    def _committed(self, request: AppendRequest, plan: rules.Plan, meta: dict[str, Any] | None) -> bool:
         """Whether this very request committed already: a retry of a transaction whose answer was lost finds its
-        own first event (tagged with the request's ``write_id``) and must not apply the batch twice."""
+        own first event (tagged with the request's ``write_id``) and must not apply the batch twice. ``meta``: the
+        run's META as the refused condition found it (ALL_OLD), when that was the refusal: a run whose event count
+        is below the batch's last slot cannot hold the batch; one whose count is that slot was last written by the
+        append that holds it (``write_id``, which names that append): neither needs a read to say so."""
         if not plan.events:
             return False
+        if meta is not None:
+            count = int(meta.get("event_count", {}).get("N", "0"))
+            last = plan.events[-1].slot
+            if count < last:
+                return False
+            if count == last:
+                return bool(meta.get("write_id", {}).get("S") == request.write_id)
         first = self.world.table.get({"pk": run_pk(request.run_id), "sk": event_sk(plan.events[0].slot)})
         return first is not None and from_item(first).get("write_id") == request.write_id
 
     def _actions(
-        self, tx: _Tx, request: AppendRequest, plan: rules.Plan, records: list[Record]
+        self, tx: AppendTx, request: AppendRequest, plan: rules.Plan, records: list[Record]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The transaction's actions, and a run end's deletes of the hooks, tokens and waits the run still has
         (tokens first, then hooks, then waits: as many go in the transaction as fit, the rest right after it)."""
@@ -373,7 +431,7 @@ class AWSAppend:
                 action["ExpressionAttributeValues"] = values
             to.append({"Delete": action})
 
-        actions.append(self._meta_update(tx, plan, records))
+        actions.append(meta_update(self.world, tx, plan, records, request.write_id))
         if not plan.events:
             for record in records:
                 put(record.item())
@@ -392,7 +450,7 @@ class AWSAppend:
                     continue
                 values = CODEC.record(table_name, view, created_slot=None)
                 sk = step_sk(item_id) if table_name == "steps" else wait_sk(item_id)
-                changed = {c: _typed(values[c]) for c in MUTABLE[table_name]}
+                changed = {c: typed(values[c]) for c in MUTABLE[table_name]}
                 actions.append(update_action(table, {"pk": pk, "sk": sk}, changed, "attribute_exists(pk)"))
         released = {hook.token: hook_id for hook_id, hook in plan.hooks_deleted.items()}  # token -> its hook here
         deleted = set(plan.hooks_deleted)
@@ -449,134 +507,6 @@ class AWSAppend:
             put(record.item())
         return actions, cleanup
 
-    def _meta_update(self, tx: _Tx, plan: rules.Plan, records: list[Record]) -> dict[str, Any]:
-        """The META update: the run view, live hooks, created hook ids and the outbox, conditioned on the event count
-        the plan started from (no event: only that the run still exists)."""
-        run = plan.run
-        table = self.world.table.name
-        names: dict[str, str] = {}
-        values: dict[str, Any] = {}
-        sets: list[str] = []
-        removes: list[str] = []
-
-        def name(text: str) -> str:
-            key = f"#n{len(names)}"
-            names[key] = text
-            return key
-
-        def value(typed: dict[str, Any]) -> str:
-            key = f":v{len(values)}"
-            values[key] = typed
-            return key
-
-        condition = "attribute_exists(pk)"
-        if plan.events:
-            fields = CODEC.record("runs", run)
-            size = item_size(run_item(run, hooks=_live_hooks(tx, plan), record=fields))
-            if size > MAX_ITEM_BYTES:
-                raise EventTooLarge(
-                    f"run {run.run_id}'s view would be {size} bytes; DynamoDB stores at most {MAX_ITEM_BYTES}"
-                )
-            for column in MUTABLE["runs"]:
-                if fields[column] is None:
-                    removes.append(name(column))
-                else:
-                    sets.append(f"{name(column)} = {value(_typed(fields[column]))}")
-            if plan.run_ended:
-                sets.append(f"{name('hooks')} = {value({'M': {}})}")
-                removes += [name(RETENTION_PREFIX + hook_id) for hook_id in tx.retentions]
-                if plan.tokens_retained:  # what the run's expiry waits for and deletes
-                    retained = {t: {"N": str(ids.to_micros(r.until))} for t, r in plan.tokens_retained.items()}
-                    sets.append(f"{name('retained')} = {value({'M': retained})}")
-            else:
-                for hook_id, hook in plan.hooks_inserted.items():
-                    sets.append(f"{name('hooks')}.{name(hook_id)} = {value({'S': hook.token})}")
-                for hook_id, kept in plan.retentions.items():
-                    sets.append(f"{name(RETENTION_PREFIX + hook_id)} = {value({'N': str(ids.to_micros(kept.until))})}")
-                for hook_id in plan.hooks_deleted:
-                    if hook_id not in plan.hooks_inserted:
-                        removes.append(f"{name('hooks')}.{name(hook_id)}")
-                        removes.append(name(RETENTION_PREFIX + hook_id))
-            for e in plan.events:
-                if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
-                    sets.append(f"{name('created_hooks')}.{name(str(e.correlation_id))} = {value({'BOOL': True})}")
-            condition = f"{name('event_count')} = {value({'N': str(plan.events[0].slot - 1)})}"
-        for record in records:
-            sets.append(f"{name('outbox')}.{name(record.id)} = {value({'N': str(ids.to_micros(ids.utcnow()))})}")
-        # a wake-up is queued only while none is: the append that queues one marks the run, one that leaves its own
-        # out holds only while the mark is the one it read (the claim that clears it comes before the log is read)
-        # (a delivery that held the run's wake-ups ends the hold with its ack, on the condition that it still holds)
-        wake = next((r for r in records if is_wake(r, run.run_id)), None)
-
-        def still() -> str:  # the mark is still the one read
-            return f"{name('pending_wake')} = {value({'S': str(tx.pending_wake)})}"
-
-        if wake is not None:
-            sets.append(f"{name('pending_wake')} = {value({'S': wake.id})}")
-            free = still() if tx.holding else f"attribute_not_exists({name('pending_wake')})"
-            condition = f"({condition}) AND {free}"
-        elif tx.dropped_wake:
-            condition = f"({condition}) AND {still()}"
-        elif tx.holding:
-            removes.append(name("pending_wake"))
-            condition = f"({condition}) AND {still()}"
-        adds, deletes = self._schedules(tx, plan, records, sets=sets, removes=removes, name=name, value=value)
-        if not sets and not removes and not adds and not deletes:
-            sets.append(f"{name('run_id')} = {value({'S': run.run_id})}")
-        expression = ("SET " + ", ".join(sets) if sets else "") + (" REMOVE " + ", ".join(removes) if removes else "")
-        expression += (" ADD " + ", ".join(adds) if adds else "") + (" DELETE " + ", ".join(deletes) if deletes else "")
-        update: dict[str, Any] = {
-            "TableName": table,
-            "Key": {"pk": {"S": run_pk(run.run_id)}, "sk": {"S": META}},
-            "UpdateExpression": expression.strip(),
-            "ConditionExpression": condition,
-            "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": values,
-        }
-        return {"Update": update}
-
-    def _schedules(
-        self,
-        tx: _Tx,
-        plan: rules.Plan,
-        records: list[Record],
-        *,
-        sets: list[str],
-        removes: list[str],
-        name: Callable[[str], str],
-        value: Callable[[dict[str, Any]], str],
-    ) -> tuple[list[str], list[str]]:
-        """Keep the run's ``schedules`` (the ids of its records sent through the Scheduler) in the META update:
-        the new ones added, the acked one taken out, all of them gone at the run's end (whose commit deletes their
-        schedules and records: :meth:`write`). Adds to ``sets`` / ``removes``; returns the ADD and DELETE clauses.
-
-        ADD and DELETE leave what other writers did meanwhile; an append that adds some and takes one out (a timer's
-        delivery that sleeps again) cannot do both to one attribute, so it sets the whole set as ``load`` read it,
-        conditioned on the event count (without events, it only adds: the acked id stays, and costs a lookup at the
-        run's end)."""
-        now = ids.utcnow()
-        new = {r.id for r in records if r.kind == "delivery" and scheduled(r, self.world.queue_config(r.queue), now)}
-        acked = {tx.ack.id} & tx.schedules if tx.ack is not None else set()
-        if plan.run_ended:
-            if tx.schedules:
-                removes.append(name("schedules"))
-            return [], []
-        if new and acked and plan.events:
-            kept = (tx.schedules - acked) | new
-            sets.append(f"{name('schedules')} = {value({'SS': sorted(kept)})}")
-            return [], []
-        if new:
-            return [f"{name('schedules')} {value({'SS': sorted(new)})}"], []
-        if acked:
-            return [], [f"{name('schedules')} {value({'SS': sorted(acked)})}"]
-        return [], []
-
-
-def is_wake(record: Record, run_id: str) -> bool:
-    """A wake-up of ``run_id`` due now (idempotency key ``wake``): one queued and unclaimed stands for any other. A
-    wake-up of another run in the batch (a hand-over's, of the successor) is that run's and is never folded here."""
-    return record.idempotency_key == WAKE_KEY and record.run_id == run_id
-
 
 def transaction_size(actions: list[dict[str, Any]]) -> int:
     """The aggregate size of a transaction's items as :data:`MAX_TRANSACTION_BYTES` measures it: every Put's item,
@@ -591,17 +521,3 @@ def transaction_size(actions: list[dict[str, Any]]) -> int:
                 value_size(v) for v in body.get("ExpressionAttributeValues", {}).values()
             )
     return total
-
-
-def _live_hooks(tx: _Tx, plan: rules.Plan) -> dict[str, str]:
-    if plan.run_ended:
-        return {}
-    hooks = {k: v for k, v in tx.hooks.items() if k not in plan.hooks_deleted}
-    hooks.update({k: h.token for k, h in plan.hooks_inserted.items()})
-    return hooks
-
-
-def _typed(value: Any) -> Any:
-    from celery_workflow._aws.items import attr
-
-    return None if value is None else attr(value)

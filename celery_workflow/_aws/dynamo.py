@@ -75,11 +75,14 @@ def _contended(exc: ClientError) -> bool:
 
 
 class Cancelled(Exception):
-    """A transaction was cancelled; ``reasons`` has one code per action (``"None"`` for the ones that were fine)."""
+    """A transaction was cancelled; ``reasons`` has one code per action (``"None"`` for the ones that were fine);
+    ``items``: per action, the item as it was when its condition failed, for actions sent with
+    ``ReturnValuesOnConditionCheckFailure=ALL_OLD`` (None otherwise, or when there was no item)."""
 
-    def __init__(self, reasons: Sequence[str]) -> None:
+    def __init__(self, reasons: Sequence[str], items: Sequence[Item | None] = ()) -> None:
         super().__init__(", ".join(reasons))
         self.reasons = list(reasons)
+        self.items: list[Item | None] = [*items, *[None] * (len(self.reasons) - len(items))]
 
     @property
     def conditions_failed(self) -> list[int]:
@@ -126,8 +129,9 @@ class Table:
         code = exc.response.get("Error", {}).get("Code", "")
         message = exc.response.get("Error", {}).get("Message", str(exc))
         if code == "TransactionCanceledException":
-            reasons = [r.get("Code", "None") or "None" for r in exc.response.get("CancellationReasons", [])]
-            cancelled = Cancelled(reasons)
+            found = exc.response.get("CancellationReasons", [])
+            reasons = [r.get("Code", "None") or "None" for r in found]
+            cancelled = Cancelled(reasons, [r.get("Item") or None for r in found])
             if cancelled.only_conditions and cancelled.conditions_failed:
                 return cancelled
             if any(r in UNAVAILABLE or r in UNAVAILABLE_REASONS for r in reasons):

@@ -55,6 +55,7 @@ from celery_workflow._aws.items import (
     to_item,
     view_of,
 )
+from celery_workflow._aws.kept import Kept
 from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
@@ -124,7 +125,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
         #: Each queue's SQS dead-letter queue (celery_workflow.dead_letters.DeadLetterStore).
         self.dead_letters = SQSDeadLetters(self)
         self.streams = AWSStreams(self)
-        self._steps = AWSAppend(self)
+        self._append = AWSAppend(self)
+        self._steps = self._append
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> AWSWorld:
@@ -224,9 +226,16 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def get_run_with_events(self, run_id: str) -> tuple[RunView, list[Event]]:
         """The run and its log: the view first, then the events up to its event count (a later append is left out,
-        so the two agree)."""
-        view = self.get_run(run_id)
-        return view, self.list_events(run_id, limit=view.event_count)
+        so the two agree). What was read is kept for the run's next appends (:mod:`celery_workflow._aws.kept`)."""
+        meta = self._meta(run_id)
+        view = run_of(meta)
+        log = self.list_events(run_id, limit=view.event_count)
+        kept = Kept.read(meta, log) if len(log) == view.event_count else None
+        if kept is not None:
+            self._append.kept.put(kept)
+        else:
+            self._append.kept.forget(run_id)
+        return view, log
 
     def list_runs(
         self,
@@ -401,9 +410,11 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def hold_wakes(self, run_id: str, receipt: str) -> bool:
         """``WakeHolds``: standard SQS does not deduplicate a run's wake-ups (see :meth:`SQSQueue.hold_wakes`)."""
+        self._append.kept.forget(run_id)  # its pending wake-up changes without an event
         return self.queue.hold_wakes(run_id, receipt)
 
     def release_wakes(self, run_id: str, receipt: str) -> None:
+        self._append.kept.forget(run_id)
         self.queue.release_wakes(run_id, receipt)
 
     # -- retention -----------------------------------------------------------------------------------------------
