@@ -1,5 +1,5 @@
 # The World's table, identical to what celery_workflow.world_sqs.create_table creates (table_definition()): string
-# keys pk/sk, and the list and list_group indexes projecting only their keys and status.
+# keys pk/sk, the list and list_group indexes projecting only their keys and status, and time to live on expires_at.
 resource "aws_dynamodb_table" "this" {
   name         = var.name
   billing_mode = "PAY_PER_REQUEST"
@@ -60,6 +60,13 @@ resource "aws_dynamodb_table" "this" {
 
   point_in_time_recovery {
     enabled = var.point_in_time_recovery
+  }
+
+  # the items of an ended run carry their retention's end here (epoch seconds): DynamoDB deletes them for free
+  # (celery_workflow._aws.table.TTL_ATTRIBUTE, which create_table enables too)
+  ttl {
+    attribute_name = "expires_at"
+    enabled        = true
   }
 
   tags = var.tags

@@ -25,6 +25,7 @@ or hooks still ends.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from celery_workflow._aws.table import (
     MAX_ACTIONS,
     MAX_ITEM_BYTES,
     META,
+    TTL_ATTRIBUTE,
     event_sk,
     hook_pk,
     queue_pk,
@@ -291,6 +293,9 @@ class AWSAppend:
         else:
             records = [replace(r, marked=True) if is_wake(r, request.run_id) else r for r in records]
         expiry = world.expiry_record(plan) if plan.run_ended else None
+        # the run's end writes its time to live on the items it writes: DynamoDB deletes them for free once the
+        # retention is over; a run that retains tokens is left to its expiry's explicit deletes (they need its META)
+        tx.ttl = math.ceil(expiry.due.timestamp()) if expiry is not None and not plan.tokens_retained else None
         actions, cleanup = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
         ack_index = None
         if tx.ack is not None:
@@ -404,6 +409,9 @@ class AWSAppend:
         actions: list[dict[str, Any]] = []
         cleanup: list[dict[str, Any]] = []
 
+        def lived(item: dict[str, Any]) -> dict[str, Any]:
+            return item if tx.ttl is None else {**item, TTL_ATTRIBUTE: {"N": str(tx.ttl)}}
+
         def put(item: dict[str, Any], condition: str | None = None, values: dict[str, Any] | None = None) -> None:
             size = item_size(item)
             if size > MAX_ITEM_BYTES:
@@ -437,7 +445,7 @@ class AWSAppend:
                 put(record.item())
             return actions, cleanup
         for e in plan.events:
-            put(event_item(e, request.write_id), "attribute_not_exists(pk)")
+            put(lived(event_item(e, request.write_id)), "attribute_not_exists(pk)")
         created = created_slots(plan.events)
         for table_name, items, kind in (
             ("steps", plan.steps, EventType.STEP_CREATED),
@@ -446,11 +454,13 @@ class AWSAppend:
             for item_id, view in items.items():
                 slot = created.get((kind, item_id))
                 if slot is not None:
-                    put(view_item(table_name, view, slot), "attribute_not_exists(pk)")
+                    put(lived(view_item(table_name, view, slot)), "attribute_not_exists(pk)")
                     continue
                 values = CODEC.record(table_name, view, created_slot=None)
                 sk = step_sk(item_id) if table_name == "steps" else wait_sk(item_id)
                 changed = {c: typed(values[c]) for c in MUTABLE[table_name]}
+                if tx.ttl is not None:
+                    changed[TTL_ATTRIBUTE] = {"N": str(tx.ttl)}
                 actions.append(update_action(table, {"pk": pk, "sk": sk}, changed, "attribute_exists(pk)"))
         released = {hook.token: hook_id for hook_id, hook in plan.hooks_deleted.items()}  # token -> its hook here
         deleted = set(plan.hooks_deleted)

@@ -12,7 +12,7 @@ from celery_workflow import ids, rules
 from celery_workflow._aws.items import CODEC, RETENTION_PREFIX, item_size, run_item
 from celery_workflow._aws.kept import Kept
 from celery_workflow._aws.queue import WAKE_KEY, Receipt, Record, scheduled
-from celery_workflow._aws.table import MAX_ITEM_BYTES, META, run_pk
+from celery_workflow._aws.table import MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, run_pk
 from celery_workflow._backend.records import MUTABLE
 from celery_workflow.errors import EventTooLarge
 from celery_workflow.events import EventType
@@ -41,6 +41,7 @@ class AppendTx:
     kept: Kept | None = None  # the kept snapshot the batch is planned on (a guess), or advanced after a fresh read
     guess: bool = False  # planned on ``kept`` without reading (see celery_workflow._aws.kept)
     scheduled: set[str] = field(default_factory=set)  # the records this append sends through the Scheduler
+    ttl: int | None = None  # a run end's time to live (epoch seconds) for the items it writes (see write)
 
 
 def meta_update(
@@ -97,6 +98,8 @@ def meta_update(
         for e in plan.events:
             if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT):
                 sets.append(f"{name('created_hooks')}.{name(str(e.correlation_id))} = {value({'BOOL': True})}")
+        if tx.ttl is not None:
+            sets.append(f"{name(TTL_ATTRIBUTE)} = {value({'N': str(tx.ttl)})}")
         condition = f"{name('event_count')} = {value({'N': str(plan.events[0].slot - 1)})}"
         sets.append(f"{name('write_id')} = {value({'S': write_id})}")
     for record in records:

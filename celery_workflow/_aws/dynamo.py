@@ -18,7 +18,9 @@
   to decide (a stale snapshot, a token someone else owns); a single write whose condition failed is
   :class:`ConditionFailed`.
 
-Reads are consistent; ``BatchGetItem`` and ``Query`` are followed through their unprocessed keys and pages.
+Reads are consistent; ``BatchGetItem`` and ``Query`` are followed through their unprocessed keys and pages. An item
+past its time to live (:data:`~celery_workflow._aws.table.TTL_ATTRIBUTE`) is gone for readers: DynamoDB deletes
+expired items within days, and may serve them meanwhile (``raw=True`` reads them anyway: the run's expiry).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
+from celery_workflow._aws.table import expired
 from celery_workflow.errors import EventInvalid, EventTooLarge, WorldError, WorldUnavailable
 
 __all__ = ["Cancelled", "ConditionFailed", "Table"]
@@ -159,7 +162,7 @@ class Table:
 
     # -- reads -------------------------------------------------------------------------------------------------------
 
-    def get(self, key: Mapping[str, str]) -> Item | None:
+    def get(self, key: Mapping[str, str], *, raw: bool = False) -> Item | None:
         answer = self.call(
             "GetItem",
             self.client.get_item,
@@ -168,7 +171,7 @@ class Table:
             ConsistentRead=True,
         )
         found: Item | None = answer.get("Item")
-        return found
+        return None if found is not None and not raw and expired(found) else found
 
     def get_snapshot(self, first: Mapping[str, str], others: Sequence[Mapping[str, str]]) -> list[Item]:
         """``first`` (a run's ``META``) and ``others``, read so that ``others`` are no older than ``first``.
@@ -187,11 +190,11 @@ class Table:
                     {"Get": {"TableName": self.name, "Key": {k: {"S": v} for k, v in key.items()}}} for key in keys
                 ],
             )
-            return [r["Item"] for r in answer.get("Responses", []) if r.get("Item")]
+            return [r["Item"] for r in answer.get("Responses", []) if r.get("Item") and not expired(r["Item"])]
         head = self.get(first)
         return ([head] if head is not None else []) + self.get_many(keys[1:])
 
-    def get_many(self, keys: Sequence[Mapping[str, str]]) -> list[Item]:
+    def get_many(self, keys: Sequence[Mapping[str, str]], *, raw: bool = False) -> list[Item]:
         """Consistent ``BatchGetItem`` of any number of keys (100 at a time, unprocessed keys retried)."""
         wanted = [{k: {"S": v} for k, v in key.items()} for key in {tuple(sorted(k.items())): k for k in keys}.values()]
         found: list[Item] = []
@@ -201,32 +204,38 @@ class Table:
             request: dict[str, Any] = {self.name: {"Keys": batch, "ConsistentRead": True}}
             while request:
                 answer = self.call("BatchGetItem", self.client.batch_get_item, RequestItems=request)
-                found.extend(answer.get("Responses", {}).get(self.name, []))
+                found.extend(i for i in answer.get("Responses", {}).get(self.name, []) if raw or not expired(i))
                 request = answer.get("UnprocessedKeys") or {}
                 if request:
                     time.sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 1.0)
         return found
 
-    def query(self, what: str, **kwargs: Any) -> Iterator[Item]:
-        """Every item of a ``Query``, page after page (consistent unless an index is named)."""
+    def query(self, what: str, *, raw: bool = False, **kwargs: Any) -> Iterator[Item]:
+        """Every item of a ``Query``, page after page (consistent unless an index is named; items past their time to
+        live left out unless ``raw``)."""
         request = {"TableName": self.name, **kwargs}
         if "IndexName" not in request:
             request.setdefault("ConsistentRead", True)
         while True:
             answer = self.call(what, self.client.query, **request)
-            yield from answer.get("Items", [])
+            yield from (i for i in answer.get("Items", []) if raw or not expired(i))
             last = answer.get("LastEvaluatedKey")
             if not last:
                 return
             request["ExclusiveStartKey"] = last
 
-    def partition(self, pk: str, prefix: str | None = None, *, what: str = "Query") -> Iterator[Item]:
+    def partition(
+        self, pk: str, prefix: str | None = None, *, what: str = "Query", raw: bool = False
+    ) -> Iterator[Item]:
         """The items of partition ``pk`` (whose sort key starts with ``prefix``), in sort-key order."""
         if prefix is None:
-            return self.query(what, KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": {"S": pk}})
+            return self.query(
+                what, raw=raw, KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": {"S": pk}}
+            )
         return self.query(
             what,
+            raw=raw,
             KeyConditionExpression="pk = :pk AND begins_with(sk, :p)",
             ExpressionAttributeValues={":pk": {"S": pk}, ":p": {"S": prefix}},
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from celery_workflow import ids
 from celery_workflow._aws.dynamo import Cancelled
@@ -136,7 +136,7 @@ class AWSStreams:
             return StreamPage([], False, start)
         chunks: list[StreamChunk] = []
         if limit is None or limit > 0:
-            query = {
+            query: dict[str, Any] = {
                 "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
                 "ExpressionAttributeValues": {
                     ":pk": {"S": run_pk(run_id)},

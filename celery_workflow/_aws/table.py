@@ -21,6 +21,11 @@ seed's ``HOOK#<hookId>`` would make two runs' first hooks one item. Indexes (bot
 ``RUNS#<workflow>`` or ``HOOKS#<runId>``), sorted by ``<createdAt, 16 digits of µs>#<id>``. Index membership is
 eventually consistent; every other read is a consistent read of the base table.
 
+Time to live: the table's TTL attribute is :data:`TTL_ATTRIBUTE` (``expires_at``, epoch seconds). The append that
+ends a run of a workflow with a retention writes it on every item it writes (the run's view, its last events and
+views), so DynamoDB deletes them for free once the retention is over; readers treat an item past it as gone
+(DynamoDB deletes expired items within days, not at once). :func:`create_table` enables it.
+
 Limits (DynamoDB's): 400 KB per item, 100 actions per transaction; a stream write holds at most 99 chunks (with the
 stream's state, 100 actions).
 """
@@ -31,15 +36,19 @@ import base64
 import time
 from typing import Any
 
+from celery_workflow import ids
 from celery_workflow.errors import WorldError
 
 __all__ = [
     "MAX_ACTIONS",
     "MAX_CHUNKS_PER_WRITE",
     "MAX_ITEM_BYTES",
+    "TTL_ATTRIBUTE",
     "chunk_sk",
     "create_table",
+    "enable_ttl",
     "event_sk",
+    "expired",
     "hook_pk",
     "list_sk",
     "queue_pk",
@@ -48,6 +57,9 @@ __all__ = [
     "table_definition",
     "token_pk",
 ]
+
+#: The table's time-to-live attribute: epoch seconds after which DynamoDB deletes the item, and readers ignore it.
+TTL_ATTRIBUTE = "expires_at"
 
 MAX_ITEM_BYTES = 400 * 1024
 MAX_ACTIONS = 100
@@ -132,7 +144,8 @@ def table_definition(name: str) -> dict[str, Any]:
 
 
 def create_table(client: Any, name: str, *, timeout: float = 300.0, poll: float = 1.0) -> None:
-    """Create the World's table (``client``: a boto3 DynamoDB client) and wait until it is active.
+    """Create the World's table (``client``: a boto3 DynamoDB client), wait until it is active, and enable its time to
+    live on :data:`TTL_ATTRIBUTE` (an enabled one is left as it is).
 
     An existing table is left as it is and waited for. WorldError when it is not active within ``timeout`` seconds.
     """
@@ -145,7 +158,27 @@ def create_table(client: Any, name: str, *, timeout: float = 300.0, poll: float 
         table = client.describe_table(TableName=name)["Table"]
         indexes = table.get("GlobalSecondaryIndexes", [])
         if table.get("TableStatus") == "ACTIVE" and all(i.get("IndexStatus", "ACTIVE") == "ACTIVE" for i in indexes):
+            enable_ttl(client, name)
             return
         if time.monotonic() > deadline:
             raise WorldError(f"DynamoDB table {name} is not active after {timeout:.0f} s ({table.get('TableStatus')})")
         time.sleep(poll)
+
+
+def enable_ttl(client: Any, name: str) -> None:
+    """Turn on the table's time to live on :data:`TTL_ATTRIBUTE` (nothing when it is on already)."""
+    found = client.describe_time_to_live(TableName=name).get("TimeToLiveDescription", {})
+    if found.get("TimeToLiveStatus") in ("ENABLED", "ENABLING") and found.get("AttributeName") == TTL_ATTRIBUTE:
+        return
+    client.update_time_to_live(
+        TableName=name, TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE}
+    )
+
+
+def expired(item: Any, now: float | None = None) -> bool:
+    """Whether an item is past its time to live (``now``: epoch seconds, default :func:`celery_workflow.ids.utcnow`):
+    gone for readers."""
+    value = item.get(TTL_ATTRIBUTE) if isinstance(item, dict) else None
+    if not value or "N" not in value:
+        return False
+    return int(value["N"]) <= (ids.utcnow().timestamp() if now is None else now)

@@ -31,6 +31,7 @@ Guarantees (the table layout is in :mod:`celery_workflow._aws.table`):
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import weakref
@@ -60,7 +61,7 @@ from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
-from celery_workflow._aws.table import MAX_ITEM_BYTES, META, hook_pk, run_pk, step_sk, token_pk
+from celery_workflow._aws.table import MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, hook_pk, run_pk, step_sk, token_pk
 from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreStreams, TemplateWorld
 from celery_workflow._backend.checks import check_deliveries
@@ -317,7 +318,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
         out: list[Event] = []
         if limit is None or limit > 0:
-            query = {
+            query: dict[str, Any] = {
                 "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
                 "ExpressionAttributeValues": {
                     ":pk": {"S": run_pk(run_id)},
@@ -436,8 +437,9 @@ class AWSWorld(TemplateWorld, StoreStreams):
         run_id = record.run_id
         if run_id is None:
             return None
-        meta = self.table.get({"pk": run_pk(run_id), "sk": META})
-        if meta is None:
+        meta = self.table.get({"pk": run_pk(run_id), "sk": META}, raw=True)  # past its time to live, still the run's
+        if meta is None:  # gone (its time to live ran out first): what has none is deleted here
+            self.table.delete_many(self._untimed(run_id))
             return None
         run = run_of(meta)
         retained = {str(t): ids.from_micros(int(until)) for t, until in (from_item(meta).get("retained") or {}).items()}
@@ -445,6 +447,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         if due is None:
             return None  # pending and running runs never expire; a retention switched off meanwhile keeps the run
         if due > ids.utcnow() + timedelta(seconds=1):
+            self._outlive(run_id, meta, due)
             return due
         for token in sorted(retained):  # the run's holdings, unless another run's hook claimed the token since
             try:
@@ -458,14 +461,37 @@ class AWSWorld(TemplateWorld, StoreStreams):
         hooks = from_item(meta).get("hooks") or {}
         keys: list[dict[str, Any]] = [{"pk": {"S": hook_pk(run_id, h)}, "sk": {"S": META}} for h in hooks]
         keys += [{"pk": {"S": token_pk(t)}, "sk": {"S": META}} for t in hooks.values()]
-        keys += [
-            {"pk": item["pk"], "sk": item["sk"]}
-            for item in self.table.partition(run_pk(run_id), what="Query (expire)")
-            if item["sk"]["S"] != META
-        ]
+        keys += [key for key in self._untimed(run_id) if key["sk"]["S"] != META]
         self.table.delete_many(keys)
-        self.table.delete({"pk": run_pk(run_id), "sk": META})
+        if TTL_ATTRIBUTE not in meta:  # else DynamoDB deletes it for free, and readers take it as gone already
+            self.table.delete({"pk": run_pk(run_id), "sk": META})
         return None
+
+    def _outlive(self, run_id: str, meta: Mapping[str, Any], due: datetime) -> None:
+        """The run may expire later than its end's time to live says (its retention was lengthened since): its items
+        that have one get the later one (a write each, paid only then)."""
+        ttl = math.ceil(due.timestamp())
+        if TTL_ATTRIBUTE not in meta or int(meta[TTL_ATTRIBUTE]["N"]) >= ttl:
+            return
+        for item in self.table.partition(run_pk(run_id), what="Query (outlive)", raw=True):
+            if TTL_ATTRIBUTE in item:
+                try:
+                    self.table.update(
+                        "UpdateItem (outlive)",
+                        Key={"pk": item["pk"], "sk": item["sk"]},
+                        UpdateExpression="SET #t = :t",
+                        ConditionExpression="attribute_exists(pk)",
+                        ExpressionAttributeNames={"#t": TTL_ATTRIBUTE},
+                        ExpressionAttributeValues={":t": {"N": str(ttl)}},
+                    )
+                except ConditionFailed:
+                    pass  # deleted meanwhile
+
+    def _untimed(self, run_id: str) -> list[dict[str, Any]]:
+        """The keys of the run's partition items that have no time to live (written before the run's end): what its
+        expiry deletes; those with one are DynamoDB's to delete, for free."""
+        items = self.table.partition(run_pk(run_id), what="Query (expire)", raw=True)
+        return [{"pk": item["pk"], "sk": item["sk"]} for item in items if TTL_ATTRIBUTE not in item]
 
     # -- wiring --------------------------------------------------------------------------------------------------
 

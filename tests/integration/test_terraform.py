@@ -444,6 +444,8 @@ def test_table_is_what_create_table_makes(deployment: Deployment) -> None:
     assert shape(table["GlobalSecondaryIndexes"]) == shape(wanted["GlobalSecondaryIndexes"])
     assert table["BillingModeSummary"]["BillingMode"] == wanted["BillingMode"] == "PAY_PER_REQUEST"
     assert table["SSEDescription"]["Status"] == "ENABLED"
+    ttl = dynamodb.describe_time_to_live(TableName=NAME)["TimeToLiveDescription"]
+    assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", "expires_at")  # as create_table enables it
     assert table["DeletionProtectionEnabled"] is False  # as the root config asks (the default is on)
     tags = dynamodb.list_tags_of_resource(ResourceArn=table["TableArn"])["Tags"]
     assert {t["Key"]: t["Value"] for t in tags} == {"project": "celery-workflow", "suite": "terraform"}
