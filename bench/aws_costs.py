@@ -1,33 +1,49 @@
-"""``python -m bench.aws_costs``: what a durable step costs on AWS, beside Step Functions Standard.
+"""``python -m bench.aws_costs``: what a durable step costs on AWS, all-in, beside Step Functions (Standard and
+Express) and Lambda durable functions.
 
 Runs workflows of 1 and 10 no-op steps on the AWS World against a moto server in this process, the way the Lambda
 deployment runs them: an SQS event source mapping (simulated: ``ReceiveMessage`` batches of up to 10, then
 ``DeleteMessageBatch`` of what succeeded, as Lambda does with ``ReportBatchItemFailures``) invokes
-:func:`celery_workflow.aws_lambda.queue_handler`. Every DynamoDB, SQS and Scheduler call goes through a
-:class:`celery_workflow.aws_costs.CostCounter`, which computes units by AWS's sizing rules (moto's own
-``ReturnConsumedCapacity`` is not faithful). Then an idle Celery worker's receiving (the SQS transport, consuming
-the default queue) is counted for ``--idle-seconds`` at two long-poll lengths and scaled to an hour.
+:func:`celery_workflow.aws_lambda.queue_handler`, whose duration is counted in GB-seconds at ``--memory``. Every
+DynamoDB, SQS and Scheduler call goes through a :class:`celery_workflow.aws_costs.CostCounter`, which computes units by
+AWS's sizing rules (moto's own ``ReturnConsumedCapacity`` is not faithful). The runs are kept ``--retention-days``
+(``AWSConfig.retention``): their items' storage and point-in-time recovery are counted for that long (those with a
+time to live two days longer, DynamoDB's deletion delay), and each run's expiry delivery is run as it would be once
+due and counted. Then an idle Celery worker's receiving (the SQS transport, consuming the default queue) is counted
+for ``--idle-seconds`` at two long-poll lengths and scaled to an hour.
 
-It prints, per step: write units (table, transactions doubled), index write units, read units, SQS requests,
-Scheduler invocations and Lambda requests, their dollars per million steps at us-east-1 on-demand list prices, the
-ratio to Step Functions Standard (one state transition per step, plus the Lambda request its Task state makes), and
-where the units of the 10-step workflow go. Needs ``pip install -e '.[test]'`` (boto3, moto).
+It prints dollars per million steps by service, against the targets (10-step <= $3.50, 1-step <= $10), beside Step
+Functions Standard, Express and Lambda durable functions (their assumptions under the table), and where the money of
+each workflow goes. The Lambda duration is measured against moto in this process (its request handling included), so
+it is an estimate. Needs ``pip install -e '.[test]'`` (boto3, moto).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 REGION = "us-east-1"
 TABLE = "workflow"
 ROLE_ARN = "arn:aws:iam::123456789012:role/celery-workflow-scheduler"
+
+
+@dataclass
+class Pricing:
+    """What the bench assumes beyond the calls it counts."""
+
+    memory_mb: int = 128  # the worker Lambda's memory
+    retention_days: float = 30.0  # how long ended runs are kept (AWSConfig.retention)
+    ttl_delay_days: float = 2.0  # how long DynamoDB keeps an item past its time to live before deleting it
+    pitr: bool = True  # the Terraform module's default
 
 
 @dataclass
@@ -95,7 +111,7 @@ def _provision(endpoint: str) -> tuple[str, str]:
 
 
 @contextmanager
-def _aws(endpoint: str) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+def _aws(endpoint: str, retention: timedelta | None = None) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
     """The counter, the Workflows app on an AWS World whose clients it counts, and the uncounted set-up clients."""
     from celery import Celery
 
@@ -111,6 +127,7 @@ def _aws(endpoint: str) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
         table_name=TABLE,
         queue_url=url,
         scheduler=SchedulerConfig(clients["scheduler"], arn, ROLE_ARN),
+        retention=retention,
     )
     wf = Workflows(Celery("bench-costs"), world=AWSWorld(config, clients["dynamodb"], clients["sqs"]))
 
@@ -132,8 +149,11 @@ def _aws(endpoint: str) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
         wf.close()
 
 
-def _event_source_mapping(sqs: Any, queue_url: str, queue_arn: str, counter: Any) -> Callable[[Any], int]:
-    """One poll of a simulated SQS event source mapping: receive a batch, invoke the handler, delete what succeeded."""
+def _event_source_mapping(
+    sqs: Any, queue_url: str, queue_arn: str, counter: Any, memory_mb: int = 128
+) -> Callable[[Any], int]:
+    """One poll of a simulated SQS event source mapping: receive a batch, invoke the handler (its duration counted
+    at ``memory_mb``), delete what succeeded."""
     from celery_workflow.aws_costs import LAMBDA_REQUESTS
 
     class Context:
@@ -165,7 +185,10 @@ def _event_source_mapping(sqs: Any, queue_url: str, queue_arn: str, counter: Any
             for m in messages
         ]
         counter.record(LAMBDA_REQUESTS, "Invoke", "queue handler")
-        failed = {f["itemIdentifier"] for f in handler({"Records": records}, Context())["batchItemFailures"]}
+        started = time.perf_counter()
+        answer = handler({"Records": records}, Context())
+        counter.duration(time.perf_counter() - started, memory_mb, kind="queue handler")
+        failed = {f["itemIdentifier"] for f in answer["batchItemFailures"]}
         done = [r for r in records if r["messageId"] not in failed]
         if done:
             entries = [{"Id": str(i), "ReceiptHandle": r["receiptHandle"]} for i, r in enumerate(done)]
@@ -175,23 +198,69 @@ def _event_source_mapping(sqs: Any, queue_url: str, queue_arn: str, counter: Any
     return poll
 
 
-def measure_workflows(server: Any, shapes: list[Shape], *, batch: int = 10) -> list[Measured]:
+def expire(counter: Any, wf: Any, plain: Any, run_ids: list[str], pricing: Pricing) -> None:
+    """What the runs' retention costs: their items' storage (and point-in-time recovery) for the retention, those with
+    a time to live until DynamoDB deletes them, then their expiry deliveries, run as they would be once due (the
+    clock moved past it): the claim, the run's reads and the deletes of what has no time to live, counted; the SQS
+    receive, the event source mapping's delete and the Lambda request are a tenth each (batches of 10)."""
+    from celery_workflow import ids
+    from celery_workflow._aws.queue import BODY_KEY
+    from celery_workflow._aws.table import TTL_ATTRIBUTE
+    from celery_workflow.aws_costs import LAMBDA_REQUESTS, SQS_REQUESTS
+
+    world = wf.world
+    months = pricing.retention_days / 30
+    real = ids.utcnow
+    for run_id in run_ids:
+        items = plain.query(
+            TableName=TABLE,
+            KeyConditionExpression="pk = :pk",
+            ExpressionAttributeValues={":pk": {"S": f"RUN#{run_id}"}},
+        )["Items"]
+        timed = [i for i in items if TTL_ATTRIBUTE in i]
+        counter.storage([i for i in items if TTL_ATTRIBUTE not in i], months, pitr=pricing.pitr, kind="run items")
+        counter.storage(timed, months + pricing.ttl_delay_days / 30, pitr=pricing.pitr, kind="run items (TTL)")
+        later = real() + timedelta(days=pricing.retention_days + 1)
+        ids.utcnow = lambda later=later: later  # type: ignore[misc]
+        try:
+            body = json.dumps({BODY_KEY: 1, "id": f"expire-{run_id}", "run": run_id, "publish": "bench"})
+            started = time.perf_counter()
+            world.queue.accept(world.config.default_queue, "bench-expiry", body, 1, esm=True)
+            counter.duration(time.perf_counter() - started, pricing.memory_mb, kind="expiry")
+        finally:
+            ids.utcnow = real  # type: ignore[misc]
+        counter.record(SQS_REQUESTS, "ReceiveMessage (expiry, 1/10 batch)", "workflow-tasks", 0.1)
+        counter.record(SQS_REQUESTS, "DeleteMessageBatch (expiry, 1/10 batch)", "workflow-tasks", 0.1)
+        counter.record(LAMBDA_REQUESTS, "Invoke (expiry, 1/10 batch)", "queue handler", 0.1)
+
+
+def measure_workflows(
+    server: Any, shapes: list[Shape], *, batch: int = 10, pricing: Pricing | None = None
+) -> list[Measured]:
     """Runs each shape's workflows one after another, ``batch`` runs per fresh table: moto copies the whole table
-    for every transaction (and keeps the copies), so a long run on one table slows down and grows without bound."""
+    for every transaction (and keeps the copies), so a long run on one table slows down and grows without bound.
+    Before a table is dropped, its runs' retention is counted (:func:`expire`)."""
+    import boto3
+
     from celery_workflow.aws_lambda import queue_handler
 
+    pricing = pricing or Pricing()
+    plain = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name=REGION)
     results = []
-    with _aws(server.endpoint) as (counter, wf, aws):
+    with _aws(server.endpoint, timedelta(days=pricing.retention_days)) as (counter, wf, aws):
         handler = queue_handler(wf)
-        poll = _event_source_mapping(aws["sqs"], aws["queue_url"], aws["queue_arn"], counter)
+        poll = _event_source_mapping(aws["sqs"], aws["queue_url"], aws["queue_arn"], counter, pricing.memory_mb)
         packing = EventPacking()
         packing.attach(aws["dynamodb"])
         for shape in shapes:
             counter.reset()
             packing.units = 0.0
             started = time.perf_counter()
+            ended: list[str] = []
             for i in range(shape.runs):
                 if i and i % batch == 0:
+                    expire(counter, wf, plain, ended, pricing)
+                    ended = []
                     server.reset()
                     _provision(server.endpoint)
                     counter.forget()
@@ -203,6 +272,8 @@ def measure_workflows(server: Any, shapes: list[Shape], *, batch: int = 10) -> l
                     poll(handler)
                 if run.status.value != "completed":
                     raise RuntimeError(f"a {shape.name} run ended {run.status.value}")
+                ended.append(run.id)
+            expire(counter, wf, plain, ended, pricing)
             results.append(Measured(shape, counter.usage(), time.perf_counter() - started, packing.units))
     return results
 
@@ -245,19 +316,26 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
 
 
-def report(results: list[Measured], idle: dict[float, float]) -> str:
+def report(results: list[Measured], idle: dict[float, float], pricing: Pricing | None = None) -> str:
     from celery_workflow.aws_costs import (
+        DURABLE_OPERATION,
         INDEX_WRITE_UNITS,
+        LAMBDA_GB_SECONDS,
         LAMBDA_REQUESTS,
+        PITR_GB_MONTHS,
         PRICES,
         READ_UNITS,
         SCHEDULER_INVOCATIONS,
         SQS_FIFO_REQUESTS,
         SQS_REQUESTS,
+        STEP_FUNCTIONS_EXPRESS_GB_SECOND,
+        STEP_FUNCTIONS_EXPRESS_REQUEST,
         STEP_FUNCTIONS_TRANSITION,
+        STORAGE_GB_MONTHS,
         WRITE_UNITS,
     )
 
+    pricing = pricing or Pricing()
     units = [
         (WRITE_UNITS, "WRU"),
         (INDEX_WRITE_UNITS, "index WRU"),
@@ -266,40 +344,69 @@ def report(results: list[Measured], idle: dict[float, float]) -> str:
         (SQS_FIFO_REQUESTS, "SQS FIFO req"),
         (SCHEDULER_INVOCATIONS, "Scheduler"),
         (LAMBDA_REQUESTS, "Lambda req"),
+        (LAMBDA_GB_SECONDS, "Lambda GB-s"),
+        (STORAGE_GB_MONTHS, "storage"),
+        (PITR_GB_MONTHS, "PITR"),
     ]
-    lines = ["Per durable step (counted, then divided by the steps run):", ""]
-    lines.append(
-        "| workflow | runs | " + " | ".join(label for _, label in units) + " | $ / M steps | SFN $ / M | ratio |"
-    )
-    lines.append("| --- | ---: | " + " | ".join("---:" for _ in units) + " | ---: | ---: | ---: |")
-    step_functions = (STEP_FUNCTIONS_TRANSITION + PRICES[LAMBDA_REQUESTS]) * 1e6
-    for m in results:
-        per = m.usage.scaled(1 / m.steps)
-        dollars = per.cost() * 1e6
-        cells = " | ".join(_fmt(per.total(unit)) for unit, _ in units)
-        lines.append(
-            f"| {m.shape.steps}-step | {m.shape.runs} | {cells} | **{dollars:.2f}** | {step_functions:.2f} |"
-            f" {step_functions / dollars:.1f}x |"
-        )
-    lines += ["", "Dollars per million steps by service:", ""]
-    lines.append("| workflow | " + " | ".join(label for _, label in units) + " | all-in |")
-    lines.append("| --- | " + " | ".join("---:" for _ in units) + " | ---: |")
+    memory_gb = pricing.memory_mb / 1024
+    lines = [
+        f"Assumed: worker Lambda {pricing.memory_mb} MB (x86), runs kept {pricing.retention_days:g} days"
+        f" (AWSConfig.retention), items with a time to live stored {pricing.ttl_delay_days:g} days past it,"
+        f" point-in-time recovery {'on' if pricing.pitr else 'off'}.",
+        "",
+        "Dollars per million steps, all-in (counted, then divided by the steps run):",
+        "",
+    ]
+    lines.append("| workflow | runs | " + " | ".join(label for _, label in units) + " | **all-in** |")
+    lines.append("| --- | ---: | " + " | ".join("---:" for _ in units) + " | ---: |")
     for m in results:
         per = m.usage.scaled(1e6 / m.steps).dollars()
         cells = " | ".join(f"{per.get(unit, 0.0):.2f}" for unit, _ in units)
-        lines.append(f"| {m.shape.steps}-step | {cells} | {sum(per.values()):.2f} |")
+        lines.append(f"| {m.shape.steps}-step | {m.shape.runs} | {cells} | **{sum(per.values()):.2f}** |")
+    lines += ["", "Beside AWS's durable options ($ per million steps; see the notes below the table):", ""]
+    lines.append("| workflow | ours | SFN Standard | SFN Express | Lambda durable functions | target | met? |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    targets = {1: 10.0, 10: 3.50}
     for m in results:
-        lines += ["", f"Where the units of the {m.shape.steps}-step workflow go (per step, the costliest first):", ""]
+        n = m.shape.steps
+        ours = m.usage.cost() * 1e6 / m.steps
+        step_seconds = m.usage.total(LAMBDA_GB_SECONDS) / memory_gb / m.steps  # our worker's time per step
+        noop = 0.001 * memory_gb * PRICES[LAMBDA_GB_SECONDS]  # a Task state's Lambda running the step: 1 ms billed
+        lambda_task = PRICES[LAMBDA_REQUESTS] + noop
+        standard = (STEP_FUNCTIONS_TRANSITION + lambda_task) * 1e6
+        express = (STEP_FUNCTIONS_EXPRESS_REQUEST / n + 0.1 * 64 / 1024 * STEP_FUNCTIONS_EXPRESS_GB_SECOND) * 1e6
+        express += lambda_task * 1e6
+        durable = (DURABLE_OPERATION + PRICES[LAMBDA_REQUESTS] / n) * 1e6
+        durable += step_seconds * memory_gb * PRICES[LAMBDA_GB_SECONDS] * 1e6
+        target = targets.get(n)
+        met = "" if target is None else ("yes" if ours <= target else "**no**")
+        lines.append(
+            f"| {n}-step | **{ours:.2f}** | {standard:.2f} | {express:.2f} | {durable:.2f} |"
+            f" {'' if target is None else f'{target:.2f}'} | {met} |"
+        )
+    lines += [
+        "",
+        "- SFN Standard: one state transition per step and the Lambda its Task state invokes (request, 1 ms).",
+        "- SFN Express: one request per workflow, 100 ms of execution per step at 64 MB (its billing minimum), and",
+        "  the Task state's Lambda; Express runs at most 5 minutes and is at-least-once (not durable across that).",
+        "- Lambda durable functions: one durable operation per step ($8.00 per million), one invocation per",
+        "  workflow, and our worker's measured duration per step for the function's own; their data retention",
+        "  charges are left out (a lower bound).",
+    ]
+    for m in results:
+        lines += ["", f"Where the {m.shape.steps}-step workflow's money goes (per step, the costliest first):", ""]
         lines.append("| unit | call | item kind / queue | per step | $ / M steps |")
         lines.append("| --- | --- | --- | ---: | ---: |")
-        for unit, op, kind, amount, dollars in m.usage.scaled(1 / m.steps).breakdown()[:12]:
-            lines.append(f"| {unit} | {op} | {kind} | {amount:.2f} | {dollars * 1e6:.2f} |")
+        for unit, op, kind, amount, dollars in m.usage.scaled(1 / m.steps).breakdown()[:18]:
+            lines.append(f"| {unit} | {op} | {kind} | {amount:.3g} | {dollars * 1e6:.2f} |")
     lines += ["", "What other item layouts would cost (projected from the same calls; $ per million steps):", ""]
     lines.append("| workflow | seed layout (measured) | events of an append in one item | and no step items |")
     lines.append("| --- | ---: | ---: | ---: |")
     for m in results:
         counts = m.usage.counts
-        event_units = sum(a for (u, op, k), a in counts.items() if u == WRITE_UNITS and k == "RUN/EVENT")
+        event_units = sum(
+            a for (u, op, k), a in counts.items() if u == WRITE_UNITS and k == "RUN/EVENT" and op != "BatchWriteItem"
+        )
         packed = m.usage.cost() - (event_units - m.packed_event_units) * PRICES[WRITE_UNITS]
         step_cost = sum(a * PRICES[u] for (u, op, k), a in counts.items() if k == "RUN/STEP")
         per = 1e6 / m.steps
@@ -323,7 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.aws_costs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100, help="runs of the 1-step workflow (10-step: a fifth)")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="how long to count an idle worker")
+    parser.add_argument("--memory", type=int, default=128, help="the worker Lambda's memory (MB)")
+    parser.add_argument("--retention-days", type=float, default=30.0, help="how long ended runs are kept")
+    parser.add_argument("--no-pitr", action="store_true", help="without point-in-time recovery")
     args = parser.parse_args(argv)
+    pricing = Pricing(args.memory, args.retention_days, pitr=not args.no_pitr)
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     from celery_workflow.testing.moto_server import MotoServer
@@ -331,14 +442,14 @@ def main(argv: list[str] | None = None) -> int:
     server = MotoServer()
     try:
         shapes = [Shape("one_step", 1, args.runs), Shape("ten_steps", 10, max(1, args.runs // 5))]
-        results = measure_workflows(server, shapes)
+        results = measure_workflows(server, shapes, pricing=pricing)
         idle = {}
         for wait in (5.0, 20.0):
             server.reset()
             idle[wait] = measure_idle_worker(server.endpoint, args.idle_seconds, wait)
     finally:
         server.stop()
-    print(report(results, idle))
+    print(report(results, idle, pricing))
     return 0
 
 

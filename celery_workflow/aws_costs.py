@@ -21,15 +21,19 @@ earlier is taken as new the first time it is updated. What it cannot model exact
 parse, a ``Query`` whose ``FilterExpression`` dropped items it was billed for) is counted from what it sees and
 reported in :attr:`Usage.estimated`.
 
-The counter records, per ``(unit, operation, item kind)``: DynamoDB write units (transactions doubled) and index
-write units, read units, SQS requests (standard and FIFO, one per started 64 KB), and EventBridge Scheduler
-invocations (a one-time schedule fires once, and its SQS send counts as a request). :meth:`CostCounter.record` adds
-what no client call shows (Lambda invocations). :data:`PRICES` are us-east-1 on-demand list prices.
+The counter records, per ``(unit, operation, item kind)``: DynamoDB write units (transactions doubled; a write whose
+condition failed on the larger of the item as it is and as it would have been) and index write units, read units, SQS
+requests (standard and FIFO, one per started 64 KB), and EventBridge Scheduler invocations (a one-time schedule fires
+once, and its SQS send counts as a request). What no client call shows is added with :meth:`CostCounter.record`
+(Lambda invocations), :meth:`CostCounter.duration` (Lambda GB-seconds at the function's memory) and
+:meth:`CostCounter.storage` (DynamoDB storage and point-in-time recovery per GB-month for the time items are kept).
+:data:`PRICES` are us-east-1 on-demand list prices.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,14 +53,21 @@ from celery_workflow._aws.expressions import ExpressionError, apply_update
 from celery_workflow._aws.items import item_size
 
 __all__ = [
+    "DURABLE_OPERATION",
     "INDEX_WRITE_UNITS",
+    "LAMBDA_GB_SECONDS",
     "LAMBDA_REQUESTS",
+    "PITR_GB_MONTHS",
     "PRICES",
     "READ_UNITS",
     "SCHEDULER_INVOCATIONS",
     "SQS_FIFO_REQUESTS",
     "SQS_REQUESTS",
+    "STEP_FUNCTIONS_EXPRESS_GB_SECOND",
+    "STEP_FUNCTIONS_EXPRESS_REQUEST",
     "STEP_FUNCTIONS_TRANSITION",
+    "STORAGE_GB_MONTHS",
+    "STORAGE_ITEM_OVERHEAD",
     "WRITE_UNITS",
     "CostCounter",
     "IndexSpec",
@@ -73,6 +84,11 @@ SQS_REQUESTS = "SQS requests"
 SQS_FIFO_REQUESTS = "SQS FIFO requests"
 SCHEDULER_INVOCATIONS = "Scheduler invocations"
 LAMBDA_REQUESTS = "Lambda requests"
+LAMBDA_GB_SECONDS = "Lambda GB-seconds"
+STORAGE_GB_MONTHS = "DynamoDB storage GB-months"
+PITR_GB_MONTHS = "DynamoDB PITR GB-months"
+#: DynamoDB bills 100 bytes of storage per item (and per index entry) beyond its size.
+STORAGE_ITEM_OVERHEAD = 100
 
 #: Dollars per unit, us-east-1 on-demand list prices (2026-12-01), free tiers left out.
 PRICES: Mapping[str, float] = {
@@ -83,9 +99,19 @@ PRICES: Mapping[str, float] = {
     SQS_FIFO_REQUESTS: 0.50e-6,
     SCHEDULER_INVOCATIONS: 1.00e-6,
     LAMBDA_REQUESTS: 0.20e-6,
+    LAMBDA_GB_SECONDS: 0.0000166667,  # x86
+    STORAGE_GB_MONTHS: 0.25,  # Standard table class
+    PITR_GB_MONTHS: 0.20,  # continuous backups, on the table's size
 }
 #: AWS Step Functions Standard: dollars per state transition.
 STEP_FUNCTIONS_TRANSITION = 25e-6
+#: AWS Step Functions Express: dollars per request (execution) and per GB-second (first tier: $0.06 per GB-hour),
+#: billed per 100 ms at 64 MB steps.
+STEP_FUNCTIONS_EXPRESS_REQUEST = 1.00e-6
+STEP_FUNCTIONS_EXPRESS_GB_SECOND = 0.06 / 3600
+#: AWS Lambda durable functions: dollars per durable operation (a step is at least one), beside Lambda's requests
+#: and duration.
+DURABLE_OPERATION = 8.00e-6
 
 Item = dict[str, Any]
 Key = tuple[str, tuple[tuple[str, str], ...]]
@@ -210,6 +236,30 @@ class CostCounter:
         """Add usage no client call shows (e.g. ``record(LAMBDA_REQUESTS, "Invoke", "queue")``)."""
         with self._lock:
             self._counts[(unit, operation, kind)] += amount
+
+    def duration(self, seconds: float, memory_mb: int, *, operation: str = "Invoke", kind: str = "function") -> None:
+        """Add a Lambda invocation's duration: GB-seconds at ``memory_mb``, billed per started millisecond."""
+        billed = math.ceil(max(seconds, 0.0) * 1000) / 1000
+        self.record(LAMBDA_GB_SECONDS, operation, kind, billed * memory_mb / 1024)
+
+    def storage(
+        self, items: Iterable[Mapping[str, Any]], months: float, *, pitr: bool = True, kind: str = "items kept"
+    ) -> None:
+        """Add the storage of ``items`` (typed DynamoDB items) kept ``months`` months, and their point-in-time recovery
+        (billed on the table's size) when ``pitr``: each item's size plus DynamoDB's 100 bytes, and the same for
+        each index entry it has (the tables' indexes this counter knows)."""
+        total = 0
+        for item in items:
+            total += item_size(item) + STORAGE_ITEM_OVERHEAD
+            for spec in self.tables.values():
+                for index in spec.indexes:
+                    entry = index_entry(item, spec.keys, index.keys, index.projection)
+                    if entry is not None:
+                        total += item_size(entry) + STORAGE_ITEM_OVERHEAD
+        gb_months = total / 1024**3 * months
+        self.record(STORAGE_GB_MONTHS, "storage", kind, gb_months)
+        if pitr:
+            self.record(PITR_GB_MONTHS, "point-in-time recovery", kind, gb_months)
 
     def usage(self) -> Usage:
         with self._lock:
@@ -381,10 +431,13 @@ class CostCounter:
         else:  # a ConditionCheck
             after = before
         before_size = item_size(before) if before is not None else 0
-        if failed or action == "ConditionCheck":
+        if action == "ConditionCheck":
             self._counts[(WRITE_UNITS, op, kind)] += write_units(before_size, transactional=transactional)
             return
         after_size = item_size(after) if after is not None else 0
+        if failed:  # billed on the larger of the item as it is and as the write would have left it
+            self._counts[(WRITE_UNITS, op, kind)] += write_units(before_size, after_size, transactional=transactional)
+            return
         self._counts[(WRITE_UNITS, op, kind)] += write_units(before_size, after_size, transactional=transactional)
         spec = self.tables.get(table)
         if spec is not None:

@@ -11,17 +11,21 @@ from celery import Celery
 from celery_workflow import Workflows
 from celery_workflow.aws_costs import (
     INDEX_WRITE_UNITS,
+    LAMBDA_GB_SECONDS,
     LAMBDA_REQUESTS,
+    PITR_GB_MONTHS,
     PRICES,
     READ_UNITS,
     SCHEDULER_INVOCATIONS,
     SQS_FIFO_REQUESTS,
     SQS_REQUESTS,
+    STORAGE_GB_MONTHS,
     WRITE_UNITS,
     CostCounter,
     TableSpec,
     Usage,
     item_kind,
+    item_size,
 )
 from celery_workflow.world_sqs import AWSWorld, table_definition
 from tests.integration.aws_fixtures import CREDENTIALS, TABLE, Aws, aws_fixture, moto_fixture  # noqa: F401
@@ -220,3 +224,39 @@ def test_usage_subtracts_scales_and_prices() -> None:
     assert delta.scaled(0.5).total(WRITE_UNITS) == 2.0
     assert delta.cost() == pytest.approx(4 * 0.625e-6 + 0.40e-6)
     assert item_kind({"pk": s("QUEUE#abc"), "sk": s("META")}) == "QUEUE/META"
+
+
+def test_a_failed_conditional_write_is_billed_on_the_larger_of_the_item_and_the_write(
+    counted: tuple[CostCounter, Any, Any],
+) -> None:
+    """AWS bills a write whose condition failed on the larger of the item as it is and the item it would have
+    written, as a successful one (issue #31, item 4): a refused 3 KB put over no item costs 3 units, not 1."""
+    counter, dynamodb, _ = counted
+    key = {"pk": s("RUN#1"), "sk": s("STEP#a")}
+    with pytest.raises(dynamodb.exceptions.ConditionalCheckFailedException):
+        dynamodb.put_item(
+            TableName=TABLE, Item={**key, "data": {"B": b"x" * 3000}}, ConditionExpression="attribute_exists(pk)"
+        )
+    assert units(counter, WRITE_UNITS, "PutItem") == 3
+    dynamodb.put_item(TableName=TABLE, Item={**key, "v": s("x")})
+    with pytest.raises(dynamodb.exceptions.TransactionCanceledException):
+        dynamodb.transact_write_items(TransactItems=[{"Update": {
+            "TableName": TABLE, "Key": key, "UpdateExpression": "SET more = :m", "ConditionExpression": "v = :no",
+            "ExpressionAttributeValues": {":m": {"B": b"y" * 2500}, ":no": s("no")},
+        }}])  # fmt: skip
+    assert units(counter, WRITE_UNITS, "TransactWriteItems") == 2 * 3  # 2.5 KB after, doubled in a transaction
+    assert units(counter, INDEX_WRITE_UNITS) == 0  # nothing was written
+
+
+def test_lambda_duration_storage_and_point_in_time_recovery_are_counted() -> None:
+    counter = CostCounter([TableSpec.from_definition(table_definition(TABLE))])
+    counter.duration(0.0101, 128)  # billed per started ms: 11 ms at 1/8 GB
+    assert counter.usage().total(LAMBDA_GB_SECONDS) == pytest.approx(0.011 / 8)
+    plain = {"pk": s("RUN#1"), "sk": s("EVENT#1"), "data": s("x" * 900)}  # in no index
+    listed = {"pk": s("RUN#1"), "sk": s("META"), "list_pk": s("RUNS"), "list_sk": s("1#r"), "status": s("done")}
+    counter.storage([plain, listed], months=2)
+    size = (item_size(plain) + 100) + (item_size(listed) + 100) * 2  # META's list index entry: all of it here
+    usage = counter.usage()
+    assert usage.total(STORAGE_GB_MONTHS) == pytest.approx(size / 1024**3 * 2)
+    assert usage.total(PITR_GB_MONTHS) == usage.total(STORAGE_GB_MONTHS)
+    assert usage.dollars()[STORAGE_GB_MONTHS] == pytest.approx(size / 1024**3 * 2 * 0.25)
