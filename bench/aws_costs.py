@@ -247,7 +247,8 @@ def measure_workflows(
     pricing = pricing or Pricing()
     plain = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name=REGION)
     results = []
-    with _aws(server.endpoint, timedelta(days=pricing.retention_days)) as (counter, wf, aws):
+    keep = timedelta(days=pricing.retention_days) if pricing.retention_days > 0 else None
+    with _aws(server.endpoint, keep) as (counter, wf, aws):
         handler = queue_handler(wf)
         poll = _event_source_mapping(aws["sqs"], aws["queue_url"], aws["queue_arn"], counter, pricing.memory_mb)
         packing = EventPacking()
@@ -259,7 +260,8 @@ def measure_workflows(
             ended: list[str] = []
             for i in range(shape.runs):
                 if i and i % batch == 0:
-                    expire(counter, wf, plain, ended, pricing)
+                    if keep is not None:
+                        expire(counter, wf, plain, ended, pricing)
                     ended = []
                     server.reset()
                     _provision(server.endpoint)
@@ -273,7 +275,8 @@ def measure_workflows(
                 if run.status.value != "completed":
                     raise RuntimeError(f"a {shape.name} run ended {run.status.value}")
                 ended.append(run.id)
-            expire(counter, wf, plain, ended, pricing)
+            if keep is not None:
+                expire(counter, wf, plain, ended, pricing)
             results.append(Measured(shape, counter.usage(), time.perf_counter() - started, packing.units))
     return results
 
@@ -431,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=100, help="runs of the 1-step workflow (10-step: a fifth)")
     parser.add_argument("--idle-seconds", type=float, default=60.0, help="how long to count an idle worker")
     parser.add_argument("--memory", type=int, default=128, help="the worker Lambda's memory (MB)")
-    parser.add_argument("--retention-days", type=float, default=30.0, help="how long ended runs are kept")
+    parser.add_argument(
+        "--retention-days", type=float, default=30.0, help="how long ended runs are kept (0: for good, uncounted)"
+    )
     parser.add_argument("--no-pitr", action="store_true", help="without point-in-time recovery")
     args = parser.parse_args(argv)
     pricing = Pricing(args.memory, args.retention_days, pitr=not args.no_pitr)
