@@ -52,6 +52,8 @@ class EventType(StrEnum):
     WAIT_CREATED = "wait_created"
     WAIT_COMPLETED = "wait_completed"
     PATCH_APPLIED = "patch_applied"
+    CHILD_STARTED = "child_started"
+    CHILD_ENDED = "child_ended"
 
     @classmethod
     def _missing_(cls, value: object) -> EventType:
@@ -199,6 +201,9 @@ class RunCreatedData(EventData):
     continues: str | None = None  # the run this one continues (continue_as_new)
     deadline: datetime | None = None  # when the run times out (``@wf.workflow(timeout=...)``), fixed at creation
     traceparent: str | None = None  # the W3C trace context of the start() that created it (celery_workflow.telemetry)
+    #: the run that started this one as a child run, and how its end wakes that parent
+    #: (``{"run_id", "correlation_id", "wake"}``: see :mod:`celery_workflow._backend.children`)
+    parent: Mapping[str, Any] | None = None
 
 
 @_event(EventType.RUN_STARTED)
@@ -329,6 +334,32 @@ class PatchAppliedData(EventData):
     def __post_init__(self) -> None:
         if not self.change_id:
             raise ValueError("patch_applied needs a non-empty change_id")
+
+
+@_event(EventType.CHILD_STARTED)
+@dataclass(frozen=True, slots=True)
+class ChildStartedData(EventData):
+    """The run started a child run (``other_workflow.start(...)`` inside a workflow; correlation id ``child:<n>``)."""
+
+    run_id: str
+    workflow_name: str
+    parent_close: Literal["cancel", "abandon"] = "cancel"  # what the parent's end does to the child if it still runs
+
+    def __post_init__(self) -> None:
+        if not self.run_id:
+            raise ValueError("child_started needs a non-empty run_id")
+
+
+@_event(EventType.CHILD_ENDED)
+@dataclass(frozen=True, slots=True)
+class ChildEndedData(EventData):
+    """A child run ended (written by the World in the same transaction as the child's end; correlation id the
+    child's ``child:<n>``). ``status``: completed, failed or cancelled; ``output`` or ``error`` as the child's."""
+
+    run_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    output: Any = None
+    error: Mapping[str, Any] | None = None
 
 
 assert set(DATA_TYPES) == set(EventType), "every event type has its data class"

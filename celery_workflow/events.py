@@ -26,6 +26,7 @@ from celery_workflow.errors import EventInvalid, EventUnreadable, UnknownEventTy
 from celery_workflow.event_data import EventData, EventType, data_of
 
 __all__ = [
+    "CHILD_EVENTS",
     "CREATION_EVENTS",
     "HOOK_EVENTS",
     "PATCH_EVENTS",
@@ -110,8 +111,16 @@ HOOK_EVENTS = frozenset(
 WAIT_EVENTS = frozenset({EventType.WAIT_CREATED, EventType.WAIT_COMPLETED})
 #: Markers of versioned code (``patched()``): they change no view, only what a replay of the run decides.
 PATCH_EVENTS = frozenset({EventType.PATCH_APPLIED})
+#: A run's child runs (:mod:`celery_workflow.runtime.children`): they keep no view; the parent's log is the record.
+CHILD_EVENTS = frozenset({EventType.CHILD_STARTED, EventType.CHILD_ENDED})
 CREATION_EVENTS = frozenset(
-    {EventType.STEP_CREATED, EventType.HOOK_CREATED, EventType.HOOK_CONFLICT, EventType.WAIT_CREATED}
+    {
+        EventType.STEP_CREATED,
+        EventType.HOOK_CREATED,
+        EventType.HOOK_CONFLICT,
+        EventType.WAIT_CREATED,
+        EventType.CHILD_STARTED,
+    }
 )
 
 

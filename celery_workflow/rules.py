@@ -74,6 +74,7 @@ from celery_workflow.event_data import (
     WaitCreatedData,
 )
 from celery_workflow.events import (
+    CHILD_EVENTS,
     HOOK_EVENTS,
     PATCH_EVENTS,
     RUN_END_STATUS,
@@ -341,6 +342,8 @@ class _State:
             self._wait_event(ev)
         elif kind in PATCH_EVENTS:
             self._patch_event(ev)
+        elif kind in CHILD_EVENTS:
+            self._child_event(ev)
         else:  # a type without a rule is refused, never taken for another family's
             raise EventInvalid(f"no transition rule for event type {str(kind)!r}")
 
@@ -556,6 +559,18 @@ class _State:
         only. It keeps no view;
         a repeated marker is written as it comes (the replay that writes it appends on the count it has read, and a
         replay reads the first)."""
+        run = self.run
+        if run.status.terminal:
+            raise RunTerminal(f"run {run.run_id} is {run.status}; cannot apply {ev.event_type}")
+        self._emit(ev)
+
+    # -- child runs --------------------------------------------------------------------------------------------------
+
+    def _child_event(self, ev: NewEvent) -> None:
+        """``child_started`` (written by the parent's replay, conditioned on the count it read, so once per call
+        site) and ``child_ended`` (written by the World with the child's end): on a live run only. Neither keeps a
+        view: the parent's log is the record of its children. A terminal parent takes no ``child_ended``
+        (:class:`RunTerminal`): the World then writes the child's end alone."""
         run = self.run
         if run.status.terminal:
             raise RunTerminal(f"run {run.run_id} is {run.status}; cannot apply {ev.event_type}")

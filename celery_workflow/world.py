@@ -129,11 +129,20 @@ class NewRun:
     deadline: datetime | None = None
     #: the W3C traceparent of the span that started the run (telemetry on); recorded in its ``run_created``
     traceparent: str | None = None
+    #: the parent link of a child run (:class:`celery_workflow._backend.children.ParentLink`'s data); recorded in
+    #: its ``run_created``
+    parent: Mapping[str, Any] | None = None
 
     def event_data(self) -> dict[str, Any]:
         """The data of the run's ``run_created``."""
         return RunCreatedData(
-            self.workflow_name, self.input, self.queue, self.continues, self.deadline, self.traceparent
+            self.workflow_name,
+            self.input,
+            self.queue,
+            self.continues,
+            self.deadline,
+            traceparent=self.traceparent,
+            parent=self.parent,
         ).to_data()
 
 

@@ -19,11 +19,13 @@ from typing import Any, Protocol
 from celery_workflow import dead_letters
 from celery_workflow._backend import template
 from celery_workflow._backend.checks import check_deliveries
+from celery_workflow._backend.children import ParentLink, link_of
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.queue_contract import QueueStore
 from celery_workflow._backend.template import AppendRequest, AppendSteps
 from celery_workflow.dead_letters import DEFAULT_MAX_DELIVERIES
-from celery_workflow.events import NewEvent, RunStatus, RunView
+from celery_workflow.errors import NotFound
+from celery_workflow.events import Event, NewEvent, RunStatus, RunView
 from celery_workflow.telemetry.hooks import Probe, appended
 from celery_workflow.world import AppendResult, ClaimedDelivery, Delivery, Page, StreamPage
 
@@ -55,7 +57,17 @@ class TemplateWorld:
         request = AppendRequest.build(
             run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
         )
-        return template.append(self._steps, request)
+        return template.append(self._steps, request, self._parent_link(request))
+
+    def _parent_link(self, request: AppendRequest) -> ParentLink | None:
+        """The parent link of a run the request may end (one read of its ``run_created``), else None."""
+        if not request.ends_run:
+            return None
+        try:
+            first: list[Event] = self.list_events(request.run_id, limit=1)  # type: ignore[attr-defined]
+        except NotFound:
+            return None
+        return link_of(first)
 
     def list_runs(
         self,

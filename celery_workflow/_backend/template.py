@@ -19,6 +19,11 @@ cover every backend we have:
   the event count) and raise :class:`StaleSnapshot`; the template then plans again on fresh reads. A rule that
   refuses a batch planned on a guess, or a plan that writes no event (nothing would refuse it), also leads to fresh
   reads: only a fresh snapshot may reject a batch.
+* **Linked appends.** An append that ends a child run also writes its parent's ``child_ended`` and wake-up
+  (:mod:`.children`) in the same atomic unit: a World whose steps are :class:`LinkedSteps` loads the parent under
+  its lock in the same transaction (after the child's) and writes both plans in one ``write``. A World without them
+  (the AWS World, whose transaction is sent by ``write``) gets the parent's append right after the child's, a
+  second transaction (see :func:`append`).
 * **Lost answers.** ``load`` may find that an earlier attempt of this very request already committed (a retry after
   a connection lost at commit; ``request.write_id`` tags what a request writes) and return those events
   (``Loaded.written``): the request is answered without applying the batch twice.
@@ -34,13 +39,16 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from celery_workflow import rules
 from celery_workflow._backend.checks import check_deliveries, normalise
-from celery_workflow.errors import CeleryWorkflowError, EntityExists
+from celery_workflow._backend.children import ParentLink, ended_event, wake_delivery
+from celery_workflow.errors import CeleryWorkflowError, EntityExists, NotFound, RunTerminal
 from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, RunView
 from celery_workflow.world import AppendResult, Delivery, NewRun
 
 __all__ = [
     "AppendRequest",
     "AppendSteps",
+    "Linked",
+    "LinkedSteps",
     "Loaded",
     "StaleSnapshot",
     "append",
@@ -134,11 +142,56 @@ class AppendSteps(Protocol, Generic[Tx]):
         ...
 
 
-def append(world: AppendSteps[Any], request: AppendRequest) -> AppendResult:
-    """Apply ``request`` through ``world``'s steps (see the module docstring)."""
+@dataclass(frozen=True, slots=True)
+class Linked:
+    """The parent's part of a linked append: its request (``child_ended`` and the wake-up) and its plan."""
+
+    request: AppendRequest
+    plan: rules.Plan
+
+
+class LinkedSteps(AppendSteps[Tx], Protocol):
+    """Steps of a World that writes a child's end and its parent's wake-up in one transaction."""
+
+    def load_linked(self, tx: Tx, request: AppendRequest) -> rules.Snapshot:
+        """The parent's snapshot, read under its lock in the transaction ``tx`` (after the child's reads)."""
+        ...
+
+    def write_linked(self, tx: Tx, request: AppendRequest, plan: rules.Plan, linked: Linked | None) -> None:
+        """:meth:`AppendSteps.write`, with the parent's plan and request written in the same atomic unit."""
+        ...
+
+
+def links_runs(world: AppendSteps[Any]) -> bool:
+    """Whether ``world``'s steps write a linked append in one transaction (:class:`LinkedSteps`)."""
+    return callable(getattr(world, "load_linked", None)) and callable(getattr(world, "write_linked", None))
+
+
+def parent_request(link: ParentLink, plan: rules.Plan, durable: bool) -> AppendRequest | None:
+    """The parent's append that ``plan`` (ending a child) calls for, or None (the child handed over)."""
+    ended = ended_event(link, plan.run, plan.events)
+    if ended is None:
+        return None
+    return AppendRequest.build(link.run_id, [ended], deliveries=[wake_delivery(link)], durable=durable)
+
+
+def plan_parent(snapshot: rules.Snapshot, request: AppendRequest, now: datetime) -> rules.Plan | None:
+    """The parent's plan, or None when the parent takes no ``child_ended`` (it ended, or is gone)."""
+    try:
+        return rules.plan_append(snapshot, request.batch, now=now, validated=True)
+    except (RunTerminal, NotFound):
+        return None
+
+
+def append(world: AppendSteps[Any], request: AppendRequest, link: ParentLink | None = None) -> AppendResult:
+    """Apply ``request`` through ``world``'s steps (see the module docstring). ``link``: the run's parent link, when
+    the request may end a child run (read before the transaction: a ``run_created`` never changes)."""
+    linking = link is not None and request.ends_run and links_runs(world)
+    after: list[AppendRequest] = []
 
     def attempt(fresh: bool) -> AppendResult:
         def body(tx: Any) -> AppendResult:
+            after.clear()
             loaded = world.load(tx, request, fresh=fresh)
             run = loaded.snapshot.run
             if loaded.written is not None and run is not None:
@@ -157,15 +210,31 @@ def append(world: AppendSteps[Any], request: AppendRequest) -> AppendResult:
                 raise
             if loaded.guess and not plan.events:
                 raise StaleSnapshot()
-            world.write(tx, request, plan)
+            wake = parent_request(link, plan, request.durable) if link is not None and plan.run_ended else None
+            if wake is None:
+                world.write(tx, request, plan)
+            elif linking:
+                steps: LinkedSteps[Any] = world  # type: ignore[assignment]
+                parent = plan_parent(steps.load_linked(tx, wake), wake, world.now())
+                steps.write_linked(tx, request, plan, None if parent is None else Linked(wake, parent))
+            else:
+                world.write(tx, request, plan)
+                after.append(wake)
             return AppendResult(plan.events, plan.run)
 
         return world.transaction(body, request)
 
     try:
-        return attempt(fresh=False)
+        # a linked append plans on fresh reads: the parent is read under its lock after the child's
+        result = attempt(fresh=linking)
     except StaleSnapshot:
-        return attempt(fresh=True)
+        result = attempt(fresh=True)
+    for wake in after:  # a World without linked appends: the parent's, right after (a second transaction)
+        try:
+            append(world, wake)
+        except (RunTerminal, NotFound):
+            pass
+    return result
 
 
 def prepare_run(run: NewRun, deliveries: Sequence[Delivery], now: datetime) -> tuple[RunView, Event]:

@@ -43,7 +43,7 @@ from celery_workflow import ids, rules
 from celery_workflow._backend.broker import parse_receipt
 from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
-from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
+from celery_workflow._backend.template import AppendRequest, Linked, Loaded, StaleSnapshot
 from celery_workflow._postgres.listener import CHANNEL_RUNS, notify_sql
 from celery_workflow._postgres.rows import (
     CODEC,
@@ -182,6 +182,26 @@ class PgAppend:
             self.snapshots.forget(request.run_id)
             raise StaleSnapshot() from None
         self.snapshots.advance(kept, plan)
+
+    def load_linked(self, tx: _Tx, request: AppendRequest) -> rules.Snapshot:
+        """The parent's run row locked and read in the child's transaction, after the child's reads (a linked
+        append is planned on fresh reads, so the transaction is open: ``tx.script``)."""
+        assert tx.script is not None and tx.kept is None
+        reads = LockedReads(tx.script, request, retry_of=None)
+        snapshot, _ = reads.snapshot(tx.script.send())
+        return snapshot
+
+    def write_linked(self, tx: _Tx, request: AppendRequest, plan: rules.Plan, linked: Linked | None) -> None:
+        if linked is None:
+            self.write(tx, request, plan)
+            return
+        script = tx.script
+        assert script is not None and tx.kept is None
+        self._finish(script, request, plan)
+        self._finish(script, linked.request, linked.plan)  # the parent's child_ended and wake-up, same COMMIT
+        script.add("COMMIT")
+        script.send()
+        self.snapshots.forget(linked.request.run_id)
 
     def _finish(
         self,

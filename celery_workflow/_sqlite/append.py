@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from celery_workflow import ids, rules
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
-from celery_workflow._backend.template import AppendRequest, Loaded
+from celery_workflow._backend.template import AppendRequest, Linked, Loaded
 from celery_workflow._sqlite.rows import (
     CODEC,
     COLUMNS,
@@ -110,6 +110,16 @@ class SQLiteAppend:
         store.insert(conn, request.deliveries)
         if request.ack is not None:
             store.delete_claim(conn, request.ack)
+
+    def load_linked(self, conn: sqlite3.Connection, request: AppendRequest) -> rules.Snapshot:
+        return self.load(conn, request, fresh=True).snapshot
+
+    def write_linked(
+        self, conn: sqlite3.Connection, request: AppendRequest, plan: rules.Plan, linked: Linked | None
+    ) -> None:
+        self.write(conn, request, plan)
+        if linked is not None:  # the same transaction: the child's end and the parent's wake-up commit together
+            self.write(conn, linked.request, linked.plan)
 
 
 def write_plan(conn: sqlite3.Connection, plan: rules.Plan) -> None:

@@ -546,4 +546,12 @@ class _MemoryAppend:
         if request.ack is not None:
             self.world._ack(request.ack)
 
+    def load_linked(self, tx: None, request: AppendRequest) -> rules.Snapshot:
+        return self.load(tx, request, fresh=True).snapshot
+
+    def write_linked(self, tx: None, request: AppendRequest, plan: rules.Plan, linked: template.Linked | None) -> None:
+        self.write(tx, request, plan)
+        if linked is not None:  # under the same lock: the child's end and the parent's wake-up are one change
+            self.write(tx, linked.request, linked.plan)
+
     # -- storage -----------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from celery_workflow.errors import (
     UnknownEventType,
 )
 from celery_workflow.events import (
+    CHILD_EVENTS,
     HOOK_EVENTS,
     PATCH_EVENTS,
     RUN_EVENTS,
@@ -82,6 +83,15 @@ SAMPLES: dict[EventType, list[dict[str, Any]]] = {
     EventType.WAIT_CREATED: [{"resume_at": "2026-12-05T08:00:05+00:00"}],
     EventType.WAIT_COMPLETED: [{}],
     EventType.PATCH_APPLIED: [{"change_id": "charge-first"}],
+    EventType.CHILD_STARTED: [
+        {"run_id": "wrun_a!1", "workflow_name": "child"},
+        {"run_id": "c", "workflow_name": "w", "parent_close": "abandon"},
+    ],
+    EventType.CHILD_ENDED: [
+        {"run_id": "wrun_a!1", "status": "completed", "output": {"n": 1}},
+        {"run_id": "wrun_a!1", "status": "failed", "error": {"type": "E", "message": "m"}},
+        {"run_id": "wrun_a!1", "status": "cancelled"},
+    ],
 }
 
 
@@ -100,7 +110,7 @@ def _snapshot() -> Snapshot:
 
 
 def test_every_event_type_has_one_family_and_a_data_class() -> None:
-    families = [RUN_EVENTS, STEP_EVENTS, HOOK_EVENTS, WAIT_EVENTS, PATCH_EVENTS]
+    families = [RUN_EVENTS, STEP_EVENTS, HOOK_EVENTS, WAIT_EVENTS, PATCH_EVENTS, CHILD_EVENTS]
     for kind in EventType:
         assert sum(kind in f for f in families) == 1, kind
         assert ed.DATA_TYPES[kind].TYPE is kind

@@ -346,14 +346,22 @@ def test_plan_append_never_mutates_the_snapshot() -> None:
 
 # -- properties ----------------------------------------------------------------------------------------------------
 
-_IDS = {"step": ["s1", "s2"], "hook": ["h1", "h2"], "wait": ["w1", "w2"]}
+_IDS = {"step": ["s1", "s2"], "hook": ["h1", "h2"], "wait": ["w1", "w2"], "child": ["child:1", "child:2"]}
 
 
 @st.composite
 def _events(draw: st.DrawFn) -> NewEvent:
     kind = draw(st.sampled_from(list(EventType)))
     run_level = kind in events.RUN_EVENTS
-    family = "step" if kind in events.STEP_EVENTS else "hook" if kind in events.HOOK_EVENTS else "wait"
+    family = (
+        "step"
+        if kind in events.STEP_EVENTS
+        else "hook"
+        if kind in events.HOOK_EVENTS
+        else "child"
+        if kind in events.CHILD_EVENTS
+        else "wait"
+    )
     change = draw(st.sampled_from(["c1", "c2"]))
     cid = (
         None if run_level else f"patch:{change}" if kind in events.PATCH_EVENTS else draw(st.sampled_from(_IDS[family]))
@@ -374,6 +382,8 @@ def _events(draw: st.DrawFn) -> NewEvent:
         EventType.HOOK_RECEIVED: {"payload": 1},
         EventType.WAIT_CREATED: {"resume_at": isoformat(T0)},
         EventType.PATCH_APPLIED: {"change_id": change},
+        EventType.CHILD_STARTED: {"run_id": "r1!1", "workflow_name": "child"},
+        EventType.CHILD_ENDED: {"run_id": "r1!1", "status": "completed", "output": 1},
     }
     return NewEvent(kind, cid, table.get(kind, {}))
 
