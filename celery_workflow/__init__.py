@@ -31,6 +31,7 @@ from celery_workflow.errors import (
     WorldUnavailable,
 )
 from celery_workflow.events import Event, EventType, RunStatus, StepStatus
+from celery_workflow.runtime.children import ChildRun
 from celery_workflow.runtime.context import (
     Hook,
     StepFuture,
@@ -57,6 +58,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CeleryWorkflowError",
+    "ChildRun",
     "ConfigurationError",
     "Event",
     "EventRejected",

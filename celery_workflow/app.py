@@ -30,7 +30,7 @@ from celery_workflow.client import Run
 from celery_workflow.errors import ConfigurationError, PayloadError
 from celery_workflow.events import HookView, RunStatus
 from celery_workflow.ids import isoformat, new_delivery_id
-from celery_workflow.runtime import context
+from celery_workflow.runtime import children, context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
 from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
@@ -130,8 +130,21 @@ class Workflow(Generic[P, R]):
         result: R = self.definition.func(*args, **kwargs)
         return result
 
-    def start(self, *args: Any, run_id: str | None = None, **kwargs: Any) -> Run[R]:
-        """Start a run (idempotent by ``run_id``) and return its handle."""
+    def start(self, *args: Any, run_id: str | None = None, parent_close: str | None = None, **kwargs: Any) -> Run[R]:
+        """Start a run (idempotent by ``run_id``) and return its handle.
+
+        Inside a workflow it starts a *child run* and returns a :class:`~celery_workflow.ChildRun`: recorded once in
+        the parent's log, its ``result()`` suspends the parent until the child ends (see docs/concepts.md, "Child
+        runs"). ``parent_close``: what the parent's end does to the child if it still runs, ``"cancel"`` (the
+        default) or ``"abandon"``; only inside a workflow."""
+        replay = context.current_replay()
+        if replay is not None and not context.in_step():
+            child: Run[R] = children.start_child(
+                replay, self.definition, args, kwargs, run_id=run_id, parent_close=parent_close or "cancel"
+            )
+            return child
+        if parent_close is not None:
+            raise ConfigurationError("parent_close is an option of a child run: start() inside a workflow")
         return self._workflows._start(self.name, args, kwargs, run_id=run_id)
 
     def __repr__(self) -> str:

@@ -204,6 +204,9 @@ def fail_run(world: Any, letter: DeadLetter) -> bool:
         world.append(letter.run_id, [NewEvent.of(RunFailedData(error=cause(letter)))])
     except (RunTerminal, NotFound):
         return False
+    from celery_workflow._backend.children import close_children  # (the backend package imports this module)
+
+    close_children(world, letter.run_id)  # its child runs: the parent_close policy, as any run end applies it
     return True
 
 

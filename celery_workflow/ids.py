@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from datetime import UTC, datetime
 
@@ -19,6 +20,11 @@ def ulid(timestamp_ms: int | None = None, randomness: bytes | None = None) -> st
         out.append(_CROCKFORD[value & 31])
         value >>= 5
     return "".join(reversed(out))
+
+
+#: A run id a caller may choose: 1-200 letters, digits and ``_ - . : @`` (ids the package derives add ``~`` for a
+#: successor, ``!`` for a child run, so they never collide with a chosen one).
+USER_RUN_ID = re.compile(r"^[A-Za-z0-9_\-.:@]{1,200}$")
 
 
 def new_run_id() -> str:

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from celery_workflow import codec
+from celery_workflow._backend.children import close_children
 from celery_workflow.cli.session import Session, echo_json, get_run, is_tty
 from celery_workflow.cli.text import shown
 from celery_workflow.errors import RunTerminal
@@ -164,13 +165,15 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
 @click.option("--reason", default="cancelled from the command line", show_default=True, help="Recorded with it.")
 @pass_session
 def cancel_run(session: Session, run_id: str, reason: str) -> None:
-    """Cancel a run: its later deliveries do nothing."""
+    """Cancel a run: its later deliveries do nothing; its child runs still running are cancelled too (but those
+    started with parent_close="abandon"), and a child run's parent is woken (its result() raises RunCancelled)."""
     world = session.world
     get_run(world, run_id)
     try:
         run = world.append(run_id, [NewEvent.of(RunCancelledData(reason=reason or None))]).run
     except RunTerminal:
         raise click.ClickException(f"run {shown(run_id)} has ended ({world.get_run(run_id).status.value})") from None
+    close_children(world, run_id)
     click.echo(f"{shown(run.run_id)} {run.status.value}")
 
 

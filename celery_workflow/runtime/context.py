@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, Protocol, TypeVar
 
 from celery_workflow import codec
 from celery_workflow.errors import (
@@ -24,7 +24,9 @@ from celery_workflow.errors import (
     ConfigurationError,
     InvalidWebhookResponse,
     PayloadError,
+    RunCancelled,
     StepFailed,
+    WorkflowFailed,
 )
 
 if TYPE_CHECKING:
@@ -320,15 +322,24 @@ def check_response(respond_with: Any) -> Mapping[str, Any] | str | None:
     return respond_with
 
 
-def gather(*futures: StepFuture[Any], return_exceptions: bool = False) -> list[Any]:
-    """Wait for several step futures (started with ``step.start(...)``) that run in parallel."""
+class Awaitable(Protocol):
+    """What :func:`gather` waits for: a :class:`StepFuture` or a child run (``ChildRun``)."""
+
+    def result(self) -> Any: ...
+
+
+def gather(*futures: Awaitable, return_exceptions: bool = False) -> list[Any]:
+    """Wait for several step futures (started with ``step.start(...)``) and child runs (``other_workflow.start(...)``)
+    that run in parallel. A failed step raises StepFailed, a failed or cancelled child WorkflowFailed or
+    RunCancelled (the first in argument order), after every other has been waited for; ``return_exceptions=True``
+    puts those errors in the list instead."""
     _require_replay("gather")
     results: list[Any] = []
-    pending_error: StepFailed | None = None
+    pending_error: CeleryWorkflowError | None = None
     for fut in futures:
         try:
             results.append(fut.result())
-        except StepFailed as exc:
+        except (StepFailed, WorkflowFailed, RunCancelled) as exc:
             if not return_exceptions:
                 pending_error = pending_error or exc
             results.append(exc)

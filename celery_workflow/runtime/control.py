@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from celery_workflow.errors import EventInvalid, PayloadError, WorldError
 from celery_workflow.events import Event, NewEvent
-from celery_workflow.runtime.registry import StepDef
+from celery_workflow.runtime.registry import StepDef, WorkflowDef
 from celery_workflow.runtime.steps import StepOutcome
 from celery_workflow.world import Delivery
 
@@ -111,6 +111,12 @@ class Effects(Protocol):
     def execute_step(
         self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
     ) -> StepOutcome: ...
+
+    def start_child(self, wdef: WorkflowDef, run_id: str, data_input: Any, correlation_id: str) -> None:
+        """Create child run ``run_id`` of workflow ``wdef`` (its ``run_created`` linking it to this run's
+        ``correlation_id``) with its first delivery; nothing when this run's child ``run_id`` exists already.
+        EntityExists when the id belongs to a run that is not this run's child."""
+        ...
 
     def may_hold_start(self, sdef: StepDef) -> bool:
         """Whether a new inline step of a run this delivery is the first to write may start unwritten: its

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from celery_workflow._backend.children import ParentLink
 from celery_workflow.errors import EntityExists, EntityTerminal, NotFound, RunTerminal, StaleLog
 from celery_workflow.event_data import HookDisposedData
 from celery_workflow.events import Event, NewEvent, RunView
-from celery_workflow.runtime import batches, steps
+from celery_workflow.runtime import batches, children, steps
 from celery_workflow.runtime.control import Restart
-from celery_workflow.runtime.registry import StepDef
+from celery_workflow.runtime.registry import StepDef, WorkflowDef
 from celery_workflow.world import Delivery
 
 if TYPE_CHECKING:
@@ -134,6 +135,11 @@ class WorkflowEffects:
             )
         finally:
             self.runtime.inline_seconds[sdef.name] = time.monotonic() - began
+
+    def start_child(self, wdef: WorkflowDef, run_id: str, data_input: Any, correlation_id: str) -> None:
+        wake = self.runtime.wake_delivery(self.run)  # the parent's wake-up, copied by the World at the child's end
+        link = ParentLink.of(self.run.run_id, correlation_id, wake)
+        children.create_child(self.runtime, wdef, run_id, data_input, link)
 
     def may_hold_start(self, sdef: StepDef) -> bool:
         """A new run's first step may start unwritten (the run was read from the World just now, pending: no other

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import random as _random
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
@@ -21,7 +20,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from celery_workflow import codec
+from celery_workflow._backend.children import close_children
 from celery_workflow.errors import (
+    CeleryWorkflowError,
     ConfigurationError,
     EntityExists,
     EntityTerminal,
@@ -49,7 +50,7 @@ from celery_workflow.event_data import (
     StepStartedData,
 )
 from celery_workflow.events import EventType, HookView, NewEvent, RunStatus, RunView
-from celery_workflow.ids import new_run_id, to_micros, utcnow
+from celery_workflow.ids import USER_RUN_ID, new_run_id, to_micros, utcnow
 from celery_workflow.runtime import continuation, steps
 from celery_workflow.runtime.context import WebhookRequest
 from celery_workflow.runtime.control import Outcome, Refused, Restart, WorldFault
@@ -62,7 +63,7 @@ from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 log = logging.getLogger("celery_workflow")
 
 MAX_RESTARTS = 100
-_RUN_ID = re.compile(r"^[A-Za-z0-9_\-.:@]{1,200}$")
+_RUN_ID = USER_RUN_ID
 
 
 class Dispatcher(Protocol):
@@ -252,8 +253,11 @@ class Runtime:
         raise WorldError(f"run {hook.run_id}: the event log kept moving under {MAX_RESTARTS} webhook requests")
 
     def cancel(self, run_id: str, reason: str | None = None) -> RunView:
-        """Write ``run_cancelled``: later deliveries do nothing. RunTerminal if the run already finished."""
-        return self.world.append(run_id, [NewEvent.of(RunCancelledData(reason=reason or None))]).run
+        """Write ``run_cancelled``: later deliveries do nothing; its children still running are cancelled too (those
+        started with ``parent_close="abandon"`` run on). RunTerminal if the run already finished."""
+        view = self.world.append(run_id, [NewEvent.of(RunCancelledData(reason=reason or None))]).run
+        close_children(self.world, run_id)
+        return view
 
     # -- workflow deliveries ---------------------------------------------------------------------------------------
 
@@ -338,7 +342,10 @@ class Runtime:
         """Write what ``outcome`` means; a write the World refuses as malformed fails the run with the cause instead
         (the same write would be refused again: retrying it would only end in the dead letters)."""
         try:
-            return self._settle(run, replay, outcome, attempt)
+            kind = self._settle(run, replay, outcome, attempt)
+            if kind != "suspended":
+                self._close_children(run, replay)
+            return kind
         except Refused as refused:
             exc = refused.error
             if outcome.kind == "completed" and isinstance(exc, EventTooLarge):
@@ -351,7 +358,18 @@ class Runtime:
                 replay.write([NewEvent.of(RunFailedData(error=steps.error_info(exc)))], final=True)
             except Refused as again:
                 raise again.error from exc
+            self._close_children(run, replay)
             return "failed"
+
+    def _close_children(self, run: RunView, replay: Replay) -> None:
+        """The run has ended: apply its children's ``parent_close`` policy. A failure here is logged, not raised:
+        the run's end is written and its delivery acked (the children then run on, as abandoned ones do)."""
+        if not any(ev.event_type is EventType.CHILD_STARTED for ev in replay.events):
+            return
+        try:
+            close_children(self.world, run.run_id, replay.events)
+        except CeleryWorkflowError as exc:
+            log.warning("run %s ended, but its children could not all be cancelled: %s", run.run_id, exc)
 
     def _settle(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
         if outcome.kind == "completed":
@@ -400,6 +418,7 @@ class Runtime:
                 idempotency_key="check",
             )
             # the successor keeps the chain's deadline (a timeout bounds the whole loop, not each hand-over)
+            # and a child's link to its parent: the chain's last run wakes the parent
             new = NewRun(
                 succ,
                 run.workflow_name,
@@ -408,6 +427,7 @@ class Runtime:
                 continues=run.run_id,
                 deadline=replay.deadline,
                 traceparent=self.telemetry.traceparent(),  # the successor's deliveries continue this trace
+                parent=replay.parent,
             )
             try:
                 view, created = self.world.create_run(new, [check, *self._deadline_deliveries(new)])

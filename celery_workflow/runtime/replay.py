@@ -106,6 +106,8 @@ class Replay:
     patches: dict[str, bool] = field(default_factory=dict)
     #: when the run times out (recorded in its ``run_created``), None without a deadline
     deadline: datetime | None = field(default=None, init=False)
+    #: a child run's link to its parent (recorded in its ``run_created``), handed on by ``continue_as_new``
+    parent: Mapping[str, Any] | None = field(default=None, init=False)
     #: events written with the next write: a pending run's ``run_started``, completions of inline steps, the creation
     #: and start of a held first step
     deferred: list[NewEvent] = field(default_factory=list)
@@ -119,7 +121,7 @@ class Replay:
         self.count = 0
         first = loaded[0].body if loaded else None
         if isinstance(first, RunCreatedData):
-            self.deadline = first.deadline
+            self.deadline, self.parent = first.deadline, first.parent
         self._absorb(loaded, written_by_us=False)
         if self.run.status is RunStatus.PENDING:
             self.deferred.append(NewEvent.of(RunStartedData()))

@@ -36,7 +36,10 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
   a hook wait; its queued steps do not run), a step attempt past its timeout is a failed attempt;
 * schedules (:class:`ScheduleConformance`): the World's schedule store (add once, compare-and-set on the version),
   and the ticker on it: one run per tick across several tickers, catch-up, overlap, pause and resume, a lease that
-  ran out.
+  ran out;
+* child runs (:class:`ChildRunConformance`): a child's end writes its parent's ``child_ended`` and wake-up (one
+  transaction where the World has ``linked_appends``), an ended parent takes nothing, and a parent gathers its
+  children and cancels them when it is cancelled.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
 deduplication; DynamoDB's indexes: eventually consistent listings) says so in its ``capabilities``
@@ -53,6 +56,7 @@ true when the stream is closed and the page reaches its last chunk.
 from __future__ import annotations
 
 from celery_workflow.testing._conformance import Conformance, requires
+from celery_workflow.testing.conformance_children import ChildRunConformance
 from celery_workflow.testing.conformance_concurrency import (
     ConcurrencyConformance,
     StreamConformance,
@@ -74,6 +78,7 @@ from celery_workflow.testing.conformance_storage import StorageConformance
 from celery_workflow.testing.conformance_versions import VersioningConformance
 
 __all__ = [
+    "ChildRunConformance",
     "ConcurrencyConformance",
     "Conformance",
     "DeadlineConformance",
@@ -111,5 +116,6 @@ class WorldConformance(
     VersioningConformance,
     DeadlineConformance,
     ScheduleConformance,
+    ChildRunConformance,
 ):
     """Every conformance test. Subclass it as ``Test<World>`` and provide a ``world`` fixture."""

@@ -39,7 +39,7 @@ from celery_workflow.event_data import RunCompletedData, RunFailedData, StepCrea
 from celery_workflow.events import Event, EventType, NewEvent, RunStatus
 from celery_workflow.history import FORMAT, History
 from celery_workflow.runtime.control import brief
-from celery_workflow.runtime.registry import StepDef
+from celery_workflow.runtime.registry import StepDef, WorkflowDef
 from celery_workflow.runtime.replay import Replay
 from celery_workflow.runtime.steps import StepOutcome
 from celery_workflow.world import DEFAULT_QUEUE, Delivery
@@ -104,6 +104,9 @@ class _HistoryEffects:
 
     def may_hold_start(self, sdef: StepDef) -> bool:
         return False
+
+    def start_child(self, wdef: WorkflowDef, run_id: str, data_input: Any, correlation_id: str) -> None:
+        raise _WriteRefused([])  # a child the history has not recorded: the code would start it
 
     def execute_step(self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime) -> StepOutcome:
         # unreachable (a step runs only after its step_started was written), but never run a step body
