@@ -28,6 +28,8 @@ from typing import Any
 from celery_workflow import codec
 from celery_workflow.errors import PayloadError
 from celery_workflow.event_data import (
+    ChildEndedData,
+    ChildStartedData,
     HookCreatedData,
     PatchAppliedData,
     StepCompletedData,
@@ -192,9 +194,10 @@ class Attempt:
 
 @dataclass(slots=True)
 class Item:
-    """One line of the timeline: a step (with attempts), a sleep, a hook, or a change the run took (``patched``)."""
+    """One line of the timeline: a step (with attempts), a sleep, a hook, a change the run took (``patched``), or a
+    child run (``child_run_id``: the child's run id)."""
 
-    kind: str  # step | sleep | hook | patch
+    kind: str  # step | sleep | hook | patch | child
     correlation_id: str
     title: str
     status: str
@@ -208,6 +211,7 @@ class Item:
     received: int = 0
     error: Mapping[str, Any] | None = None
     output: Shown | None = None  # a step's result, cut at MAX_LISTED
+    child_run_id: str | None = None
 
     @property
     def has_output(self) -> bool:
@@ -260,7 +264,7 @@ UNKNOWN = "?"
 
 
 def timeline(run: RunView, events: Iterable[Event], queue_of: QueueOf | None = None) -> list[Item]:
-    """Steps, sleeps and hooks in the order of their first event, each step's status, result and error as its
+    """Steps, sleeps, hooks and child runs in the order of their first event, each step's status, result and error as its
     events record them. A step's queue: the one its ``step_created`` records, else the one ``queue_of`` says it is
     routed to (the run's when it is not routed; none shown when the step is unknown). A step run inline ran in the
     run's own delivery, on the run's queue."""
@@ -298,6 +302,17 @@ def timeline(run: RunView, events: Iterable[Event], queue_of: QueueOf | None = N
             item.status, item.ended_at = "disposed", ev.created_at
         elif isinstance(body, PatchAppliedData) and item is None:
             items[cid] = Item("patch", cid, body.change_id, "applied", ev.slot, ev.created_at)
+        elif isinstance(body, ChildStartedData):
+            if item is None:
+                items[cid] = Item("child", cid, body.workflow_name, "running", ev.slot, ev.created_at)
+            else:  # its end was recorded first (the child ended before the parent's start of it was written)
+                item.title, item.slot = body.workflow_name, ev.slot
+            items[cid].child_run_id = body.run_id
+        elif isinstance(body, ChildEndedData):
+            if item is None:
+                item = items[cid] = Item("child", cid, "child run", body.status, ev.slot, ev.created_at)
+            item.status, item.ended_at, item.child_run_id = body.status, ev.created_at, body.run_id
+            item.error = body.error
     for item in items.values():
         if item.kind != "step" and item.status in ("waiting", "received") and run.status.terminal:
             item.status = "ended with the run" if item.status == "waiting" else item.status

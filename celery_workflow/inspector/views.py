@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, Response, render_template, request, url_for
 
 from celery_workflow import worker_setup
+from celery_workflow._backend.children import link_of
 from celery_workflow.dead_letters import DeadLetter, dead_letter_store
 from celery_workflow.errors import (
     CeleryWorkflowError,
@@ -401,6 +402,8 @@ def add_views(bp: Blueprint, ins: Inspector) -> None:
             no_consumer=bool(worker_setup.unserved(w, [view])),
             continues=continuation.predecessor_of(events[0].body) if events else None,
             continued_as=continuation.continued_as(w, view),
+            parent=link.run_id if (link := link_of(events[:1])) is not None else None,
+            children=sum(1 for item in items if item.kind == "child"),
             timeline=items[first_item : first_item + TIMELINE_PAGE],
             timeline_from=first_item,
             timeline_count=len(items),

@@ -15,7 +15,16 @@ from celery import Celery
 from flask import Flask
 from flask.testing import FlaskClient
 
-from celery_workflow import Workflows, continue_as_new, create_hook, create_webhook, get_writable, patched, sleep
+from celery_workflow import (
+    Workflows,
+    continue_as_new,
+    create_hook,
+    create_webhook,
+    gather,
+    get_writable,
+    patched,
+    sleep,
+)
 from celery_workflow.api import inspector_blueprint
 from celery_workflow.dead_letters import dead_letter_store
 from celery_workflow.events import EventType
@@ -87,6 +96,10 @@ def register(wf: Workflows) -> None:
     @wf.workflow
     def changed(name: str) -> str:
         return hello(name) if patched("greet-by-name") else "hi"
+
+    @wf.workflow
+    def family(names: list[str]) -> list[str]:
+        return list(gather(*[changed.start(name) for name in names]))
 
 
 @pytest.fixture
@@ -499,6 +512,19 @@ def test_the_timeline_shows_a_change_the_run_took(wf: Workflows, worker: LocalWo
     line = page.split('data-id="patch:greet-by-name"')[1].split("</li>")[0]
     assert "patch" in line and "greet-by-name" in line and "applied" in line
     assert page.index('data-id="patch:greet-by-name"') < page.index('data-id="step:hello:1"')
+
+
+def test_the_run_page_links_a_parent_and_its_children(wf: Workflows, worker: LocalWorker) -> None:
+    run = wf.start("family", ["ada", "bob"], run_id="fam")
+    worker.run_until_complete(run)
+    page = client(wf).get(f"{PREFIX}/runs/fam").get_data(as_text=True)
+    assert "2 child runs" in page
+    for n in (1, 2):
+        line = page.split(f'data-id="child:{n}"')[1].split("</li>")[0]
+        assert f'href="{PREFIX}/runs/fam%21{n}"' in line or f'href="{PREFIX}/runs/fam!{n}"' in line, line
+        assert "completed" in line and "changed" in line
+    child = client(wf).get(f"{PREFIX}/runs/fam!1").get_data(as_text=True)
+    assert f'href="{PREFIX}/runs/fam"' in child and "Parent" in child
 
 
 def test_the_live_tail_streams_chunks_then_ends(wf: Workflows, worker: LocalWorker) -> None:
