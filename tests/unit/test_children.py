@@ -224,3 +224,20 @@ def test_a_fan_out_of_1000_children_completes_in_appends_within_the_limits() -> 
     assert kinds.count(EventType.CHILD_STARTED) == 1000
     assert kinds.count(EventType.CHILD_ENDED) == 1000
     assert elapsed < 15, elapsed
+
+
+def test_1000_child_starts_split_into_dynamodb_transactions_of_at_most_100_actions() -> None:
+    """What one delivery of a parent starting 1,000 children writes, split by the AWS World's declared limits: each
+    append within DynamoDB's 100 actions (a child's end and its parent's child_ended are small appends of their
+    own, within them too)."""
+    from celery_workflow._aws.append import APPEND_LIMITS
+    from celery_workflow.events import NewEvent
+    from celery_workflow.runtime import batches
+
+    started = [NewEvent.of(ChildStartedData(f"p!{n}", "child"), f"child:{n}") for n in range(1, 1001)]
+    chunks = batches.split(started, [], APPEND_LIMITS)
+    assert sum(len(c.events) for c in chunks) == 1000 and len(chunks) > 1
+    assert all(APPEND_LIMITS.fits(*APPEND_LIMITS.cost(c.events, c.deliveries)) for c in chunks)
+    assert APPEND_LIMITS.max_actions is not None and APPEND_LIMITS.max_actions <= 100
+    ended = NewEvent.of(ChildEndedData("p!1", "completed", output=1), "child:1")
+    assert APPEND_LIMITS.fits(*APPEND_LIMITS.cost([ended], []))
