@@ -206,3 +206,15 @@ def test_sqs_redrive_gives_up_after_its_checks(
     assert "still RUNNING after 3 checks" in _failure(run)
     checks = [s for s in run.steps() if s.step_name.endswith("redrive_status")]
     assert len(checks) == 3
+
+
+def test_batch_import(load: Any) -> None:
+    """Child runs: one per file, a failed file reported, the audit run abandoned to run on."""
+    example = load("batch_import")
+    run = example.import_batch.start({"a.csv": "1,2,3", "b.csv": "4,x", "c.csv": "5"}, run_id="import-1")
+    LocalWorker(example.wf).run_until_complete(run)
+    report = run.result()
+    assert report["stored"] == 4
+    assert list(report["failed"]) == ["import-1!3"]  # b.csv: the second import, the third child (after the audit)
+    assert "invalid literal" in report["failed"]["import-1!3"]
+    assert example.wf.get_run("import-1!1").status is RunStatus.COMPLETED  # the audit
