@@ -320,7 +320,8 @@ def test_celery_is_used_only_by_app_py() -> None:
     # inspector/server.py wraps a bare
     # World for the run inspector in a Workflows with a Celery app of its own (only to build the wake-up message of a
     # hook it resumes, as app.py builds every message: with Celery's own builder); testing/conformance_faults.py,
-    # testing/conformance_fanout.py, testing/conformance_versions.py and testing/conformance_deadlines.py run real workflows on the World under test, in a Workflows with a Celery app of
+    # testing/conformance_fanout.py, testing/conformance_versions.py, testing/conformance_deadlines.py and
+    # testing/conformance_children.py run real workflows on the World under test, in a Workflows with a Celery app of
     # their own, for the same reason; worker_setup.py is app.py's worker side (the worker signals a Workflows connects:
     # queues without -Q, pools per process, upkeep), a module of its own to keep app.py under the size limit;
     # transport/scheduled.py is the ``inspect scheduled`` remote-control command a worker on our transports answers
@@ -337,6 +338,7 @@ def test_celery_is_used_only_by_app_py() -> None:
         "celery_workflow.testing.conformance_fanout",
         "celery_workflow.testing.conformance_versions",
         "celery_workflow.testing.conformance_deadlines",
+        "celery_workflow.testing.conformance_children",
     }
     assert users("celery") <= allowed
     assert {n for n in users("kombu") if not n.startswith("celery_workflow.transport.")} <= {"celery_workflow.app"}
