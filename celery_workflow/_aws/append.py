@@ -29,7 +29,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -66,7 +66,7 @@ from celery_workflow._aws.table import (
     wait_sk,
 )
 from celery_workflow._backend.records import MUTABLE, created_slots
-from celery_workflow._backend.template import AppendRequest, Loaded, StaleSnapshot
+from celery_workflow._backend.template import AppendRequest, Linked, Loaded, StaleSnapshot
 from celery_workflow.errors import EventInvalid, EventTooLarge, WorldUnavailable
 from celery_workflow.events import RUN_END_STATUS, EventType
 from celery_workflow.world import AppendLimits
@@ -146,6 +146,25 @@ def update_action(table: str, key: dict[str, str], values: dict[str, Any], condi
     if attrs:
         update["ExpressionAttributeValues"] = attrs
     return {"Update": update}
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """One run's part of a transaction: its actions, a run end's cleanup, its records and expiry, the ack's index."""
+
+    actions: list[dict[str, Any]]
+    cleanup: list[dict[str, Any]]
+    records: list[Record]
+    expiry: Record | None
+    ack_index: int | None
+
+
+@dataclass(slots=True)
+class _Part:
+    tx: AppendTx
+    request: AppendRequest
+    plan: rules.Plan
+    prepared: _Prepared
 
 
 class AWSAppend:
@@ -282,6 +301,27 @@ class AWSAppend:
     # -- the write ---------------------------------------------------------------------------------------------------
 
     def write(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan) -> None:
+        self._send([_Part(tx, request, plan, self._prepare(tx, request, plan))], lambda: self.write(tx, request, plan))
+
+    def load_linked(self, tx: AppendTx, request: AppendRequest) -> rules.Snapshot:
+        """The parent's META read fresh (its write is conditioned on the event count read here)."""
+        tx.linked = AppendTx()
+        return self.load(tx.linked, request, fresh=True).snapshot
+
+    def write_linked(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan, linked: Linked | None) -> None:
+        """The child's end and the parent's ``child_ended``, META update and wake-up record: ONE transaction."""
+        if linked is None or tx.linked is None:
+            self.write(tx, request, plan)
+            return
+        ptx = tx.linked
+        parts = [
+            _Part(tx, request, plan, self._prepare(tx, request, plan)),
+            _Part(ptx, linked.request, linked.plan, self._prepare(ptx, linked.request, linked.plan)),
+        ]
+        self._send(parts, lambda: self.write_linked(tx, request, plan, linked))
+
+    def _prepare(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan) -> _Prepared:
+        """One run's part of a transaction: its records, actions, run-end cleanup and ack."""
         world = self.world
         now = ids.utcnow()
         records = [Record.of(d, now) for d in request.deliveries]
@@ -311,19 +351,29 @@ class AWSAppend:
                     }
                 }
             )
+        return _Prepared(actions, cleanup, records, expiry, ack_index)
+
+    def _send(self, parts: list[_Part], again: Callable[[], None]) -> None:
+        """Send the parts' actions as one transaction (the first part's run-end cleanup in the room left), then do
+        each part's after-commit work; ``again``: the write once more, without an ack that went stale."""
+        world = self.world
+        first = parts[0]
+        tx, request, plan, prepared = first.tx, first.request, first.plan, first.prepared
+        actions = [a for part in parts for a in part.prepared.actions]
         if len(actions) > MAX_ACTIONS:
             raise EventInvalid(
                 f"this append of run {request.run_id} needs {len(actions)} DynamoDB actions; one transaction takes"
                 f" at most {MAX_ACTIONS} (fewer events or deliveries per batch: see the World's append_limits)"
             )
         room = MAX_ACTIONS - len(actions)
-        actions += cleanup[:room]
+        actions += prepared.cleanup[:room]
         size = transaction_size(actions)
         if size > MAX_TRANSACTION_BYTES:
             raise EventInvalid(
                 f"this append of run {request.run_id} holds {size} bytes; one DynamoDB transaction takes at most"
                 f" {MAX_TRANSACTION_BYTES} (fewer or smaller events per batch: see the World's append_limits)"
             )
+        ack_index = prepared.ack_index
         try:
             world.table.transact("TransactWriteItems (append)", actions)
         except Cancelled as exc:
@@ -333,24 +383,29 @@ class AWSAppend:
                 if exc.items[ack_index] is None:
                     tx.delete_message = tx.ack
                 tx.ack = None
-                self.write(tx, request, plan)
+                again()
                 return
             if not self._committed(request, plan, exc.items[0] if 0 in exc.conditions_failed else None):
+                for part in parts[1:]:  # the parent's kept snapshot, if it took one, is not the run's state now
+                    part.tx.kept = None
                 raise StaleSnapshot() from None
-        self._keep(tx, request, plan, records)
-        self._clean_up(cleanup[room:])
-        if plan.run_ended and tx.schedules:  # no timer of a finished run fires later
-            world.schedules.cancel(request.run_id, sorted(tx.schedules - {tx.ack.id if tx.ack else ""}))
-        published = [*records, *([expiry] if expiry else [])]
-        if published:
-            world.queue.publish(request.run_id, published)
-        for done in (tx.ack, tx.delete_message):
-            if done is not None:
-                if not done.esm:  # an event source mapping's message: the mapping deletes it once reported done
-                    world.queue.delete_message(done.queue, done.handle)
-                world.queue.settled(done)
-        if tx.stale_outbox:
-            world.queue.republish(request.run_id)
+        for part in parts:
+            self._keep(part.tx, part.request, part.plan, part.prepared.records)
+        self._clean_up(prepared.cleanup[room:])
+        for part in parts:
+            ptx, preq, pplan, prep = part.tx, part.request, part.plan, part.prepared
+            if pplan.run_ended and ptx.schedules:  # no timer of a finished run fires later
+                world.schedules.cancel(preq.run_id, sorted(ptx.schedules - {ptx.ack.id if ptx.ack else ""}))
+            published = [*prep.records, *([prep.expiry] if prep.expiry else [])]
+            if published:
+                world.queue.publish(preq.run_id, published)
+            for done in (ptx.ack, ptx.delete_message):
+                if done is not None:
+                    if not done.esm:  # an event source mapping's message: the mapping deletes it once reported done
+                        world.queue.delete_message(done.queue, done.handle)
+                    world.queue.settled(done)
+            if ptx.stale_outbox:
+                world.queue.republish(preq.run_id)
 
     def _clean_up(self, deletes: list[dict[str, Any]]) -> None:
         """The deletes of a run's end that did not fit in its transaction (the run has ended: nothing reads these

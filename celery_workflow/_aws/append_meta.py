@@ -42,6 +42,7 @@ class AppendTx:
     guess: bool = False  # planned on ``kept`` without reading (see celery_workflow._aws.kept)
     scheduled: set[str] = field(default_factory=set)  # the records this append sends through the Scheduler
     ttl: int | None = None  # a run end's time to live (epoch seconds) for the items it writes (see write)
+    linked: AppendTx | None = None  # the parent's, in a linked append (a child's end that wakes its parent)
 
 
 def meta_update(

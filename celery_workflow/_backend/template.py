@@ -21,9 +21,9 @@ cover every backend we have:
   reads: only a fresh snapshot may reject a batch.
 * **Linked appends.** An append that ends a child run also writes its parent's ``child_ended`` and wake-up
   (:mod:`.children`) in the same atomic unit: a World whose steps are :class:`LinkedSteps` loads the parent under
-  its lock in the same transaction (after the child's) and writes both plans in one ``write``. A World without them
-  (the AWS World, whose transaction is sent by ``write``) gets the parent's append right after the child's, a
-  second transaction (see :func:`append`).
+  its lock in the same transaction (after the child's) and writes both plans in one ``write_linked`` (every built-in
+  World). A World without them gets the parent's append right after the child's, a second transaction (see
+  :func:`append`).
 * **Lost answers.** ``load`` may find that an earlier attempt of this very request already committed (a retry after
   a connection lost at commit; ``request.write_id`` tags what a request writes) and return those events
   (``Loaded.written``): the request is answered without applying the batch twice.

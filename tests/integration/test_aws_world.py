@@ -474,3 +474,33 @@ def test_finished_runs_expire_after_their_retention(aws: Aws) -> None:
     assert world.get_run(running.run_id).status is RunStatus.RUNNING  # pending and running runs never expire
     assert world.get_run(kept.run_id).status is RunStatus.COMPLETED
     assert world.get_run(long.run_id).status is RunStatus.COMPLETED
+
+
+def test_a_child_end_and_its_parent_wake_up_are_one_transaction(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's end, the parent's child_ended (its META update and event item) and the parent's wake-up record go
+    in one TransactWriteItems: no process can die between them."""
+    world = aws.world()
+    parent = create(world, started=True).run_id
+    link = {
+        "run_id": parent,
+        "correlation_id": "child:1",
+        "queue": "celery",
+        "wake": json.dumps({"headers": {"id": "t", "root_id": "t"}, "properties": {"correlation_id": "t"}}),
+    }
+    child = f"{parent}!1"
+    world.create_run(NewRun(child, "child", {"args": [], "kwargs": {}}, parent=link))
+    world.append(child, [ev(EventType.RUN_STARTED)])
+    sent: list[list[str]] = []
+    transact = world.table.transact
+
+    def recording(what: str, actions: Any) -> None:
+        bodies = [next(iter(a.values())) for a in actions]  # {"Put": {...}} -> {...}
+        sent.append([str((b.get("Key") or b["Item"])["pk"]["S"]) for b in bodies])
+        transact(what, actions)
+
+    monkeypatch.setattr(world.table, "transact", recording)
+    world.append(child, [ev(EventType.RUN_COMPLETED, output=3)])
+    assert len(sent) == 1, sent
+    assert any(parent in pk and "!" not in pk for pk in sent[0]) and any(child in pk for pk in sent[0])
+    assert [e.event_type for e in world.list_events(parent)][-1] is EventType.CHILD_ENDED
+    world.close()
