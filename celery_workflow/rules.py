@@ -165,6 +165,12 @@ class Snapshot:
     created_hooks: set[str] = field(default_factory=set)
     retained: dict[str, RetainedToken] = field(default_factory=dict)
     retentions: dict[str, RetainedToken] = field(default_factory=dict)
+    #: The run's parent link as its ``run_created`` records it (a child run; see
+    #: :mod:`celery_workflow._backend.children`), and whether the World read it (``parent_known``: at least when
+    #: :attr:`Keys.ending`). The rules do not look at it: the append template writes the parent's wake-up with the
+    #: run's end.
+    parent: Mapping[str, Any] | None = None
+    parent_known: bool = False
 
 
 @dataclass(slots=True)
@@ -202,12 +208,15 @@ def advance(snapshot: Snapshot, plan: Plan) -> Snapshot:
         str(e.correlation_id) for e in plan.events if e.event_type in (EventType.HOOK_CREATED, EventType.HOOK_CONFLICT)
     )
     steps = {**snapshot.steps, **plan.steps}
+    parent, known = snapshot.parent, snapshot.parent_known
     if plan.run_ended:
-        return Snapshot(plan.run, steps, {}, {}, {}, created)
+        return Snapshot(plan.run, steps, {}, {}, {}, created, parent=parent, parent_known=known)
     retentions = {k: v for k, v in snapshot.retentions.items() if k not in plan.hooks_deleted}
     retentions.update(plan.retentions)
     waits = {**snapshot.waits, **plan.waits}
-    return Snapshot(plan.run, steps, hooks, waits, {}, created, retentions=retentions)
+    return Snapshot(
+        plan.run, steps, hooks, waits, {}, created, retentions=retentions, parent=parent, parent_known=known
+    )
 
 
 def keys_of(new_events: Iterable[NewEvent]) -> Keys:

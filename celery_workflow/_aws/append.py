@@ -39,6 +39,7 @@ from celery_workflow._aws.dynamo import Cancelled, ConditionFailed
 from celery_workflow._aws.items import (
     CODEC,
     event_item,
+    event_of,
     from_item,
     hook_item,
     item_size,
@@ -65,6 +66,7 @@ from celery_workflow._aws.table import (
     token_pk,
     wait_sk,
 )
+from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.records import MUTABLE, created_slots
 from celery_workflow._backend.template import AppendRequest, Linked, Loaded, StaleSnapshot
 from celery_workflow.errors import EventInvalid, EventTooLarge, WorldUnavailable
@@ -209,6 +211,8 @@ class AWSAppend:
         wanted += [{"pk": token_pk(t), "sk": META} for t in keys.tokens]
         if receipt is not None:
             wanted.append({"pk": queue_pk(receipt.id), "sk": META})
+        if request.ends_run:  # a child run's end wakes its parent: the link its run_created records
+            wanted.append({"pk": pk, "sk": event_sk(1)})
         read = world.table.get_snapshot({"pk": pk, "sk": META}, wanted)
         found = {(item["pk"]["S"], item["sk"]["S"]): item for item in read}
         meta = found.get((pk, META))
@@ -243,6 +247,9 @@ class AWSAppend:
                 else:
                     snapshot.token_owners[t] = view_of("hooks", item)
         if request.ends_run:
+            first = found.get((pk, event_sk(1)))
+            snapshot.parent = parent_data([event_of(first)] if first is not None else [])
+            snapshot.parent_known = True
             tx.waits = [from_item(i)["wait_id"] for i in world.table.partition(pk, "WAIT#", what="Query (waits)")]
         if receipt is not None:
             record = found.get((queue_pk(receipt.id), META))

@@ -57,14 +57,12 @@ class TemplateWorld:
         request = AppendRequest.build(
             run_id, events, expected_count=expected_count, deliveries=deliveries, ack=ack, durable=durable
         )
-        return template.append(self._steps, request, self._parent_link(request))
+        return template.append(self._steps, request, lambda: self._parent_link(run_id))
 
-    def _parent_link(self, request: AppendRequest) -> ParentLink | None:
-        """The parent link of a run the request may end (one read of its ``run_created``), else None."""
-        if not request.ends_run:
-            return None
+    def _parent_link(self, run_id: str) -> ParentLink | None:
+        """The parent link of a run, read from its ``run_created`` (for steps whose ``load`` does not read it)."""
         try:
-            first: list[Event] = self.list_events(request.run_id, limit=1)  # type: ignore[attr-defined]
+            first: list[Event] = self.list_events(run_id, limit=1)  # type: ignore[attr-defined]
         except NotFound:
             return None
         return link_of(first)

@@ -33,7 +33,16 @@ from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, R
 from celery_workflow.ids import new_delivery_id
 from celery_workflow.world import Delivery
 
-__all__ = ["WAKE_KEY", "ParentLink", "close_children", "ended_event", "link_of", "wake_delivery"]
+__all__ = [
+    "WAKE_KEY",
+    "ParentLink",
+    "close_children",
+    "ended_event",
+    "link_of",
+    "parent_data",
+    "parsed",
+    "wake_delivery",
+]
 
 #: The idempotency key of a parent's wake-up (the runtime's own wake-ups use it too: one pending wake-up per run).
 WAKE_KEY = "wake"
@@ -73,12 +82,23 @@ def link_of(first: Sequence[Event]) -> ParentLink | None:
     if not first:
         return None
     body = first[0].body
-    if not isinstance(body, RunCreatedData) or body.parent is None:
+    return parsed(body.parent) if isinstance(body, RunCreatedData) else None
+
+
+def parent_data(first: Sequence[Event]) -> Mapping[str, Any] | None:
+    """The ``parent`` field of the ``run_created`` among ``first`` (what a World keeps in ``Snapshot.parent``)."""
+    body = first[0].body if first else None
+    return body.parent if isinstance(body, RunCreatedData) else None
+
+
+def parsed(data: Mapping[str, Any] | None) -> ParentLink | None:
+    """The link ``data`` holds, None without one (a damaged link wakes nobody rather than failing the child's end)."""
+    if data is None:
         return None
     try:
-        return ParentLink.from_data(body.parent)
+        return ParentLink.from_data(data)
     except EventInvalid:
-        return None  # a damaged link wakes nobody rather than failing the child's end
+        return None
 
 
 def ended_event(link: ParentLink, run: RunView, ending: Sequence[Event]) -> NewEvent | None:

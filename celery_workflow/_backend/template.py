@@ -39,7 +39,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from celery_workflow import rules
 from celery_workflow._backend.checks import check_deliveries, normalise
-from celery_workflow._backend.children import ParentLink, ended_event, wake_delivery
+from celery_workflow._backend.children import ParentLink, ended_event, parsed, wake_delivery
 from celery_workflow.errors import CeleryWorkflowError, EntityExists, NotFound, RunTerminal
 from celery_workflow.events import RUN_END_STATUS, Event, EventType, NewEvent, RunView
 from celery_workflow.world import AppendResult, Delivery, NewRun
@@ -183,10 +183,12 @@ def plan_parent(snapshot: rules.Snapshot, request: AppendRequest, now: datetime)
         return None
 
 
-def append(world: AppendSteps[Any], request: AppendRequest, link: ParentLink | None = None) -> AppendResult:
-    """Apply ``request`` through ``world``'s steps (see the module docstring). ``link``: the run's parent link, when
-    the request may end a child run (read before the transaction: a ``run_created`` never changes)."""
-    linking = link is not None and request.ends_run and links_runs(world)
+def append(
+    world: AppendSteps[Any], request: AppendRequest, read_link: Callable[[], ParentLink | None] | None = None
+) -> AppendResult:
+    """Apply ``request`` through ``world``'s steps (see the module docstring). A batch that ends a child run writes
+    its parent's part too: the run's link comes from the snapshot (``Snapshot.parent``, read by ``load`` with the
+    run, at no cost of its own), or from ``read_link`` for a World whose ``load`` does not read it."""
     after: list[AppendRequest] = []
 
     def attempt(fresh: bool) -> AppendResult:
@@ -210,10 +212,12 @@ def append(world: AppendSteps[Any], request: AppendRequest, link: ParentLink | N
                 raise
             if loaded.guess and not plan.events:
                 raise StaleSnapshot()
-            wake = parent_request(link, plan, request.durable) if link is not None and plan.run_ended else None
+            wake = _wake_of(loaded.snapshot, plan, request, read_link) if plan.run_ended else None
             if wake is None:
                 world.write(tx, request, plan)
-            elif linking:
+            elif loaded.guess:
+                raise StaleSnapshot()  # the parent is read under the transaction: plan on fresh reads
+            elif links_runs(world):
                 steps: LinkedSteps[Any] = world  # type: ignore[assignment]
                 parent = plan_parent(steps.load_linked(tx, wake), wake, world.now())
                 steps.write_linked(tx, request, plan, None if parent is None else Linked(wake, parent))
@@ -225,8 +229,7 @@ def append(world: AppendSteps[Any], request: AppendRequest, link: ParentLink | N
         return world.transaction(body, request)
 
     try:
-        # a linked append plans on fresh reads: the parent is read under its lock after the child's
-        result = attempt(fresh=linking)
+        result = attempt(fresh=False)
     except StaleSnapshot:
         result = attempt(fresh=True)
     for wake in after:  # a World without linked appends: the parent's, right after (a second transaction)
@@ -235,6 +238,18 @@ def append(world: AppendSteps[Any], request: AppendRequest, link: ParentLink | N
         except (RunTerminal, NotFound):
             pass
     return result
+
+
+def _wake_of(
+    snapshot: rules.Snapshot,
+    plan: rules.Plan,
+    request: AppendRequest,
+    read_link: Callable[[], ParentLink | None] | None,
+) -> AppendRequest | None:
+    """The parent's append the end of the run in ``plan`` calls for, if the run is a child run."""
+    unread = read_link is not None and not snapshot.parent_known
+    link = read_link() if read_link is not None and unread else parsed(snapshot.parent)
+    return None if link is None else parent_request(link, plan, request.durable)
 
 
 def prepare_run(run: NewRun, deliveries: Sequence[Delivery], now: datetime) -> tuple[RunView, Event]:

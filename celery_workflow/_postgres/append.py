@@ -41,6 +41,7 @@ from psycopg import errors as pg_errors
 
 from celery_workflow import ids, rules
 from celery_workflow._backend.broker import parse_receipt
+from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.recent import Recent
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Linked, Loaded, StaleSnapshot
@@ -359,6 +360,12 @@ class LockedReads:
             else None
         )
         ending, disposed = request.ends_run, request.disposed_hooks
+        # a child run's end wakes its parent: the link its run_created records (in the same round trip)
+        self.first = (
+            script.add(f"SELECT {EVENT} FROM celery_workflow_events WHERE run_id = %s AND slot = 1", (run_id,))
+            if ending
+            else None
+        )
         self.tokens: int | None = None
         if keys.tokens or ending or disposed:
             for lock_key in token_lock_keys(keys.tokens):
@@ -376,6 +383,9 @@ class LockedReads:
             add_views(snapshot, table, (CODEC.view(table, stored) for stored in results[index].rows))
         if self.created is not None:
             snapshot.created_hooks.update(hook_id for (hook_id,) in results[self.created].rows)
+        if self.first is not None:
+            snapshot.parent = parent_data([CODEC.event(r) for r in results[self.first].rows])
+            snapshot.parent_known = True
         if self.tokens is not None:
             own = snapshot.run.run_id
             for run_id, hook_id, token, _created, live, retained_until, *stored in results[self.tokens].rows:
@@ -451,7 +461,7 @@ class WholeRun:
         if stored is None:
             return None, []
         log = [CODEC.event(r) for r in results[self.log].rows]
-        snapshot = rules.Snapshot(CODEC.run(stored))
+        snapshot = rules.Snapshot(CODEC.run(stored), parent=parent_data(log[:1]), parent_known=True)
         for table, index in self.tables.items():
             add_views(snapshot, table, (CODEC.view(table, r) for r in results[index].rows))
         snapshot.created_hooks.update(

@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from celery_workflow import ids, rules
+from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.records import KEYS, MUTABLE, add_views, created_slots
 from celery_workflow._backend.template import AppendRequest, Linked, Loaded
 from celery_workflow._sqlite.rows import (
@@ -102,6 +103,10 @@ class SQLiteAppend:
                 (run_id,),
             ):
                 snapshot.retentions[hook_id] = rules.RetainedToken(run_id, hook_id, token, ids.from_micros(until))
+            # a child run's end wakes its parent: the link its run_created records
+            first = conn.execute(f"SELECT {EVENT} FROM celery_workflow_events WHERE run_id = ? AND slot = 1", (run_id,))
+            snapshot.parent = parent_data([CODEC.event(row) for row in first])
+            snapshot.parent_known = True
         return Loaded(snapshot)
 
     def write(self, conn: sqlite3.Connection, request: AppendRequest, plan: rules.Plan) -> None:

@@ -39,6 +39,7 @@ from celery_workflow import ids, rules
 from celery_workflow._backend import template
 from celery_workflow._backend.base import TemplateWorld
 from celery_workflow._backend.checks import check_chunks, check_deliveries, check_stream_name
+from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.listing import RunFilter
 from celery_workflow._backend.template import AppendRequest, Loaded
 from celery_workflow._backend.waiting import wait_until
@@ -538,6 +539,7 @@ class _MemoryAppend:
                 elif token in self.world._retained:
                     snapshot.retained[token] = self.world._retained[token]
             snapshot.retentions = dict(run.retentions)
+            snapshot.parent, snapshot.parent_known = parent_data(run.events[:1]), True
         return Loaded(snapshot)
 
     def write(self, tx: None, request: AppendRequest, plan: rules.Plan) -> None:
