@@ -141,7 +141,15 @@ def create_child(runtime: Runtime, wdef: WorkflowDef, run_id: str, data_input: A
     ``Runtime.start`` creates a run; EntityExists when ``run_id`` is taken by a run that is not this child."""
     queue = runtime.queue_for(wdef.name)
     deadline = runtime.clock() + wdef.timeout if wdef.timeout is not None else None
-    new = NewRun(run_id, wdef.name, data_input, queue, deadline=deadline, parent=link.to_data())
+    new = NewRun(
+        run_id,
+        wdef.name,
+        data_input,
+        queue,
+        deadline=deadline,
+        traceparent=runtime.telemetry.traceparent(),  # the child's deliveries continue the parent's trace
+        parent=link.to_data(),
+    )
     first = runtime.dispatcher.workflow_delivery(run_id, wdef.name, queue, not_before=None, idempotency_key="wake")
     _, created = runtime.world.create_run(new, [first, *runtime._deadline_deliveries(new)])
     if created:
