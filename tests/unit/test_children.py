@@ -241,3 +241,23 @@ def test_1000_child_starts_split_into_dynamodb_transactions_of_at_most_100_actio
     assert APPEND_LIMITS.max_actions is not None and APPEND_LIMITS.max_actions <= 100
     ended = NewEvent.of(ChildEndedData("p!1", "completed", output=1), "child:1")
     assert APPEND_LIMITS.fits(*APPEND_LIMITS.cost([ended], []))
+
+
+def test_a_child_run_records_the_trace_context_of_the_delivery_that_started_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wf, world = _workflows()
+
+    @wf.workflow
+    def child() -> int:
+        return 1
+
+    @wf.workflow
+    def parent() -> int:
+        return int(child.start().result())
+
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    monkeypatch.setattr(wf.runtime.telemetry, "traceparent", lambda: tp)
+    run = parent.start(run_id="traced")
+    LocalWorker(wf).run_until_complete(run)
+    assert world.list_events("traced!1", limit=1)[0].data_as(RunCreatedData).traceparent == tp
