@@ -403,3 +403,34 @@ def test_watch_follows_a_run_a_real_worker_runs(tmp_path: Path) -> None:
     assert '[progress] {"stage": "shipped", "order": "o-7"}\n' in text
     assert lines[-2].split() == ["completed", "steps", "2/2"]
     assert lines[-1] == 'output  {"order": "o-7", "label": "label-o-7"}\n'
+
+
+def test_cancelling_a_child_wakes_its_parent_and_cancelling_a_parent_cancels_its_children(
+    wf: Workflows, url: str
+) -> None:
+    from celery_workflow import RunCancelled
+
+    @wf.workflow
+    def held(token: str) -> None:
+        create_hook(token=token).wait()
+
+    @wf.workflow
+    def family() -> str:
+        try:
+            held.start("cli-child-a").result()
+        except RunCancelled as exc:
+            return f"{exc.run_id} cancelled"
+        return "done"
+
+    @wf.workflow
+    def household() -> None:
+        held.start("cli-child-b").result()
+
+    first, second = family.start(run_id="fam"), household.start(run_id="house")
+    worker = LocalWorker(wf)
+    worker.run_until_idle()
+    assert cli(url, "runs", "cancel", "fam!1").exit_code == 0  # the child: its parent is woken and sees it
+    worker.run_until_complete(first)
+    assert first.result() == "fam!1 cancelled"
+    assert cli(url, "runs", "cancel", "house").exit_code == 0  # the parent: its child goes with it
+    assert wf.get_run("house!1").status == "cancelled" and second.status == "cancelled"

@@ -117,9 +117,9 @@ def test_a_child_cancelled_from_outside_raises_run_cancelled_in_its_parent() -> 
     assert run.result() == "cancelled c!1"
 
 
-def _has_hook(world: MemoryWorld) -> bool:
+def _has_hook(world: MemoryWorld, token: str = "never") -> bool:
     try:
-        world.get_hook_by_token("never")
+        world.get_hook_by_token(token)
     except HookNotFound:
         return False
     return True
@@ -261,3 +261,33 @@ def test_a_child_run_records_the_trace_context_of_the_delivery_that_started_it(
     run = parent.start(run_id="traced")
     LocalWorker(wf).run_until_complete(run)
     assert world.list_events("traced!1", limit=1)[0].data_as(RunCreatedData).traceparent == tp
+
+
+def test_a_dead_lettered_child_fails_and_its_parent_sees_workflow_failed() -> None:
+    from datetime import UTC, datetime
+
+    from celery_workflow import create_hook
+    from celery_workflow.dead_letters import DeadLetter, fail_run
+
+    wf, world = _workflows()
+
+    @wf.workflow
+    def child() -> None:
+        create_hook(token="letter").wait()
+
+    @wf.workflow
+    def parent() -> str:
+        try:
+            child.start().result()
+        except WorkflowFailed as exc:
+            return str(exc.error.get("type", ""))
+        return "done"
+
+    run = parent.start(run_id="dl")
+    worker = LocalWorker(wf)
+    worker.run_until(lambda: _has_hook(world, "letter"))
+    now = datetime.now(UTC)
+    letter = DeadLetter(1, 1, "celery", "dl!1", 10, "max deliveries", "Boom: it broke", now, now, now, now, b"")
+    assert fail_run(world, letter)  # what a transport does with a run's dead-lettered delivery
+    worker.run_until_complete(run)
+    assert "DeadLettered" in run.result()
