@@ -27,6 +27,7 @@ from typing import Any
 
 from celery_workflow import ids, rules
 from celery_workflow._aws.items import CODEC, from_item, retentions_of
+from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.recent import Recent
 from celery_workflow.events import Event, EventType
 
@@ -58,13 +59,15 @@ class Kept:
         outbox = stored.get("outbox") or {}
         if any(int(t) < ids.to_micros(ids.utcnow()) - OUTBOX_GRACE_MICROS for t in outbox.values()):
             return None
-        snapshot = rules.Snapshot(run)
+        events = list(log)
+        # a child run's link to its parent (its run_created, slot 1): its end's append wakes the parent
+        snapshot = rules.Snapshot(run, parent=parent_data(events[:1]), parent_known=True)
         snapshot.created_hooks = set(stored.get("created_hooks") or {})
         snapshot.retentions = retentions_of(run.run_id, meta)
         kept = cls(snapshot, {str(k): str(v) for k, v in (stored.get("hooks") or {}).items()})
         kept.schedules = frozenset(str(s) for s in stored.get("schedules") or ())
         kept.pending_wake = stored.get("pending_wake")
-        for e in log:
+        for e in events:
             if e.event_type is EventType.STEP_CREATED and e.correlation_id is not None:
                 kept.steps.add(e.correlation_id)
             elif e.event_type is EventType.WAIT_CREATED and e.correlation_id is not None:

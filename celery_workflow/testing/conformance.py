@@ -37,8 +37,8 @@ deadlines, never on fixed sleeps; short leases (0.2 s) and due times keep it fas
 * schedules (:class:`ScheduleConformance`): the World's schedule store (add once, compare-and-set on the version),
   and the ticker on it: one run per tick across several tickers, catch-up, overlap, pause and resume, a lease that
   ran out;
-* child runs (:class:`ChildRunConformance`): a child's end writes its parent's ``child_ended`` and wake-up (one
-  transaction where the World has ``linked_appends``), an ended parent takes nothing, and a parent gathers its
+* child runs (:class:`ChildRunConformance`): a child's end writes its parent's ``child_ended`` and wake-up (in
+  the same transaction on every built-in World), an ended parent takes nothing, and a parent gathers its
   children and cancels them when it is cancelled.
 
 Capabilities: a World whose broker cannot promise everything (standard SQS: unordered claims, whole seconds, no
