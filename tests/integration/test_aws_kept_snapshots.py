@@ -97,3 +97,16 @@ def test_a_run_end_planned_on_a_kept_snapshot_deletes_schedules_added_meanwhile(
     mine.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=None)])
     assert aws.schedules() == []
     assert mine.get_run(run.run_id).status.terminal
+
+
+def test_a_run_end_planned_on_the_kept_snapshot_reads_no_parent_link(aws: Aws) -> None:
+    """Whether a run is a child run (its run_created's parent link) comes with the kept snapshot, read with the log:
+    the append that ends a run reads nothing before its one TransactWriteItems (issue #30, item 1)."""
+    world = aws.world()
+    run = create(world, started=True)
+    world.get_run_with_events(run.run_id)  # kept
+    made = calls(aws.dynamodb)
+    world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)])
+    assert "Query" not in made and "TransactGetItems" not in made, made
+    assert made.count("TransactWriteItems") == 1, made
+    world.close()
