@@ -121,7 +121,7 @@ def _join(procs: list[Any]) -> None:
 
 def _rows_of_run(admin: psycopg.Connection[Any], schema: str, run_id: str) -> dict[str, int]:
     counts = {}
-    for table in [*COLUMNS, "celery_workflow_queue"]:
+    for table in [*(name for name, columns in COLUMNS.items() if "run_id" in columns), "celery_workflow_queue"]:
         row = admin.execute(f'SELECT count(*) FROM "{schema}".{table} WHERE run_id = %s', (run_id,)).fetchone()
         assert row is not None
         counts[table] = int(row[0])
