@@ -208,6 +208,43 @@ def test_sqs_redrive_gives_up_after_its_checks(
     assert len(checks) == 3
 
 
+def test_batch_import_nightly_schedule_and_guarded_change(load: Any, tmp_path: Path) -> None:
+    """The nightly schedule fires once at 02:00 Paris time (a sped-up clock) on the worker's ticker; its run imports
+    the inbox as a child batch whose children are grandchildren of the tick's run; the empty file takes the guarded
+    new path (no store step, its patch_applied recorded)."""
+    from datetime import UTC, datetime, timedelta
+
+    from celery_workflow.schedules import SpedUpClock, tick_run_id
+    from celery_workflow.worker_setup import start_ticker
+
+    example = load("batch_import")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "a.csv").write_text("1,2")
+    (inbox / "empty.csv").write_text("")
+    night = datetime(2026, 3, 1, 0, 59, 58, tzinfo=UTC)  # 01:59:58 in Paris (UTC+1 in March before the change)
+    example.wf.schedule_clock = SpedUpClock(night, factor=1.0)
+    example.schedule_nightly(str(inbox))
+    ticker = start_ticker(example.wf)
+    assert ticker is not None
+    tick = tick_run_id("nightly-import", night + timedelta(seconds=2))  # 02:00 in Paris: 01:00 UTC
+    worker = LocalWorker(example.wf)
+    try:
+        worker.run_until(lambda: any(r.id == tick for r in example.wf.list_runs()), timeout=20)
+    finally:
+        ticker.stop()
+    run = example.wf.get_run(tick)
+    worker.run_until_complete(run)
+    assert run.result() == {"stored": 2, "failed": {}}
+    batch, (first, empty) = f"{tick}!1", (f"{tick}!1!2", f"{tick}!1!3")  # the batch's first child is its audit
+    assert example.wf.get_run(batch).status is RunStatus.COMPLETED
+    assert example.wf.get_run(empty).result() == {"file": "empty.csv", "stored": 0}
+    kinds = [e.event_type.value for e in example.wf.world.list_events(empty)]
+    assert "patch_applied" in kinds and kinds.count("step_created") == 1  # parse only: no store of an empty file
+    assert [e.event_type.value for e in example.wf.world.list_events(first)].count("step_created") == 2
+    assert example.wf.schedules.get("nightly-import").last_run_id == tick
+
+
 def test_batch_import(load: Any) -> None:
     """Child runs: one per file, a failed file reported, the audit run abandoned to run on."""
     example = load("batch_import")
