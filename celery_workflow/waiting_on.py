@@ -12,9 +12,9 @@ A run that has ended waits for nothing. Otherwise each of these is one item, in 
   attempt's error;
 * :class:`StepWait`: a step queued or running (``step_created``/``step_started`` without an outcome);
 * :class:`QueueWait`: a delivery due on a queue no worker consumes: the run's own queue while it has not started, or
-  when it waits for nothing else (its wake-up is due there); a step's queue while the step is queued there.
-
-(Child runs do not exist yet; when they do, a child run waited on belongs here too.)
+  when it waits for nothing else (its wake-up is due there); a step's queue while the step is queued there;
+* :class:`ChildWait`: a child run it started that has not ended (``child_started`` without ``child_ended``), with
+  its run id and workflow: look there for what the child itself waits for.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from celery_workflow.event_data import EventType
 from celery_workflow.events import Event, RunStatus
 
 __all__ = [
+    "ChildWait",
     "HookWait",
     "QueueWait",
     "Sleep",
@@ -86,7 +87,15 @@ class QueueWait:
     kind: Literal["queue"] = "queue"
 
 
-Waiting = Sleep | HookWait | StepRetry | StepWait | QueueWait
+@dataclass(frozen=True, slots=True)
+class ChildWait:
+    child_id: str  # the child's correlation id (child:<n>)
+    run_id: str
+    workflow_name: str
+    kind: Literal["child"] = "child"
+
+
+Waiting = Sleep | HookWait | StepRetry | StepWait | QueueWait | ChildWait
 
 
 @dataclass
@@ -116,6 +125,7 @@ def waiting_on(
     sleeps: dict[str, tuple[int, Sleep]] = {}
     hooks: dict[str, tuple[int, HookWait]] = {}
     steps: dict[str, _Step] = {}
+    children: dict[str, tuple[int, ChildWait]] = {}
     for ev in events:
         kind, cid, data = ev.event_type, ev.correlation_id or "", ev.data
         if kind is EventType.RUN_CREATED:
@@ -156,9 +166,13 @@ def waiting_on(
             step.retry_at = ids.parse_iso(str(retry)) if retry else None
         elif kind in (EventType.STEP_COMPLETED, EventType.STEP_FAILED):
             steps.pop(cid, None)
+        elif kind is EventType.CHILD_STARTED:
+            children[cid] = (ev.slot, ChildWait(cid, str(data["run_id"]), str(data.get("workflow_name") or "")))
+        elif kind is EventType.CHILD_ENDED:
+            children.pop(cid, None)
     if ended:
         return []
-    found: list[tuple[int, Waiting]] = [*sleeps.values(), *hooks.values()]
+    found: list[tuple[int, Waiting]] = [*sleeps.values(), *hooks.values(), *children.values()]
     idle = {q for q, n in (consumers or {}).items() if not n} if consumers is not None else set()
 
     def unconsumed(queue: str | None) -> bool:
@@ -197,6 +211,8 @@ def describe(item: Waiting) -> str:
         return f"step {item.step_name} ({item.step_id}) retry {item.attempt + 1} at {when} after: {error}"
     if isinstance(item, StepWait):
         return f"step {item.step_name} ({item.step_id}) {item.status}"
+    if isinstance(item, ChildWait):
+        return f"child run {item.run_id} ({item.workflow_name})"
     what = "its start" if item.what == "run" else f"step {item.what}"
     return f"queue {item.queue}: no worker consumes it ({what} is due there)"
 

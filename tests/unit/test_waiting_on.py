@@ -13,6 +13,7 @@ from celery_workflow import RetryableError, Workflows, create_hook, sleep
 from celery_workflow.ids import utcnow
 from celery_workflow.testing import LocalWorker, MemoryWorld
 from celery_workflow.waiting_on import (
+    ChildWait,
     HookWait,
     QueueWait,
     Sleep,
@@ -55,6 +56,10 @@ def wf() -> Iterator[Workflows]:
     def crunching() -> int:
         return crunch()
 
+    @workflows.workflow
+    def parent() -> str:
+        return str(napping.start().result())
+
     yield workflows
     workflows.close()
 
@@ -67,6 +72,23 @@ def test_a_sleeping_run_waits_until_its_wake_up(wf: Workflows) -> None:
     assert isinstance(item, Sleep)
     assert before + timedelta(minutes=59) < item.until <= utcnow() + timedelta(hours=1)
     assert describe(item).startswith("sleep until ")
+
+
+def test_a_parent_waits_on_its_child_run_until_the_child_ends(wf: Workflows) -> None:
+    run = wf.start("parent")
+    worker = LocalWorker(wf)
+    worker.run_until(lambda: bool(run.waiting_on))
+    (item,) = run.waiting_on
+    assert item == ChildWait("child:1", f"{run.id}!1", "napping")
+    assert describe(item) == f"child run {run.id}!1 (napping)"
+    assert waiting_json([item])[0]["kind"] == "child"
+    child = wf.get_run(f"{run.id}!1")
+    worker.run_until(lambda: bool(child.waiting_on))
+    (nap,) = child.waiting_on
+    assert isinstance(nap, Sleep)  # what the child itself waits for
+    child.cancel()
+    worker.run_until_idle()
+    assert run.waiting_on == []  # its child ended (cancelled): the parent woke and ended too
 
 
 def test_a_run_on_a_hook_hides_its_token_unless_revealed(wf: Workflows) -> None:
