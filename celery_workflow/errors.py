@@ -294,3 +294,26 @@ class InvalidSchedule(ConfigurationError, ValueError):
 
 class ScheduleNotFound(CeleryWorkflowError, LookupError):
     """No schedule with that id in the World."""
+
+
+# -- issue #29, item 3: what a delivery reports to Celery (and so to Flower) -----------------------------------------
+
+
+class DeliveryReport(CeleryWorkflowError):
+    """Raised by a workflow or step task (``celery_workflow.celery_tasks``) after its delivery's outcome is in the
+    World, so that Celery reports the delivery as it went: its message is the recorded error (``type: message``).
+    The World already holds everything (the delivery is acked by that write): Celery acks the message too and never
+    retries it (see ``DeliveryRequest``). Not raised outside a Celery task."""
+
+
+class RunFailedReport(DeliveryReport):
+    """This workflow delivery failed its run (it appended ``run_failed``): the task's state is FAILURE."""
+
+
+class StepFailedReport(DeliveryReport):
+    """This step delivery's attempt failed the step for good (``step_failed``): the task's state is FAILURE."""
+
+
+class StepAttemptFailed(DeliveryReport):
+    """This step delivery's attempt failed and the step will run again (``step_retrying``, its retry delivery
+    written): the cause Celery's ``Retry`` carries, so the task's state is RETRY and ``task-retried`` names it."""

@@ -20,6 +20,7 @@ from celery_workflow.events import Event, NewEvent, RunView
 from celery_workflow.runtime import batches, children, steps
 from celery_workflow.runtime.control import Restart
 from celery_workflow.runtime.registry import StepDef, WorkflowDef
+from celery_workflow.runtime.task_events import InlineStepEvents
 from celery_workflow.world import Delivery
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class WorkflowEffects:
         receipt: str | None,
         *,
         inline_until: float | None = None,
+        task_events: InlineStepEvents | None = None,
     ) -> None:
         self.runtime = runtime
         self.run = run
@@ -58,6 +60,8 @@ class WorkflowEffects:
         self.inline_until = inline_until
         self.defer_writes = not runtime.every_write_durable
         self.replay: Replay | None = None
+        #: where the inline step attempts are reported as Celery task events (None: not reported)
+        self.task_events = task_events
 
     def append(
         self, events: Sequence[NewEvent], deliveries: Sequence[Delivery], *, conditional: bool, final: bool = False
@@ -121,9 +125,11 @@ class WorkflowEffects:
     def execute_step(
         self, sdef: StepDef, step_id: str, input: Any, attempt: int, started_at: datetime
     ) -> steps.StepOutcome:
+        events = self.task_events
+        watch = events.attempt(sdef.name, self.run.run_id, step_id, attempt) if events is not None else None
         began = time.monotonic()
         try:
-            return steps.execute(
+            outcome = steps.execute(
                 self.runtime.world,
                 sdef,
                 run_id=self.run.run_id,
@@ -133,8 +139,15 @@ class WorkflowEffects:
                 attempt=attempt,
                 started_at=started_at,
             )
+        except Exception as exc:
+            if watch is not None:
+                watch.interrupted(exc)
+            raise
         finally:
             self.runtime.inline_seconds[sdef.name] = time.monotonic() - began
+        if watch is not None:
+            watch.ended(steps.verdict(sdef, outcome, attempt), result=outcome.result, error=outcome.error)
+        return outcome
 
     def start_child(self, wdef: WorkflowDef, run_id: str, data_input: Any, correlation_id: str) -> None:
         wake = self.runtime.wake_delivery(self.run)  # the parent's wake-up, copied by the World at the child's end

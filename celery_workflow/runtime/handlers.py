@@ -57,6 +57,7 @@ from celery_workflow.runtime.control import Outcome, Refused, Restart, WorldFaul
 from celery_workflow.runtime.effects import RunEnded, WorkflowEffects
 from celery_workflow.runtime.registry import Registry, StepDef
 from celery_workflow.runtime.replay import RUN_TIMED_OUT, Replay
+from celery_workflow.runtime.task_events import InlineStepEvents
 from celery_workflow.telemetry.hooks import Probe, delivered, started
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, NewRun, World
 
@@ -64,6 +65,59 @@ log = logging.getLogger("celery_workflow")
 
 MAX_RESTARTS = 100
 _RUN_ID = USER_RUN_ID
+
+
+class Handled(str):
+    """What one delivery did, as :meth:`Runtime.handle_workflow` and :meth:`Runtime.handle_step` return it.
+
+    It is the ``str`` of its kind (``"completed"``, ``"suspended"``, ``"failed"``, ``"retrying"``, ``"ended"`` …),
+    so logs and callers comparing it with a string see just that, and it says what a worker reports for it (Celery's
+    task state, :mod:`celery_workflow.celery_tasks`): ``failure`` is the error this delivery recorded as final
+    (``run_failed`` for a workflow delivery, ``step_failed`` for a step delivery), ``retry_at`` when a step attempt
+    that failed with ``error`` runs again (its retry delivery is written).
+    """
+
+    failure: dict[str, Any] | None
+    error: dict[str, Any] | None
+    retry_at: datetime | None
+
+    def __new__(
+        cls,
+        kind: str,
+        *,
+        failure: Mapping[str, Any] | None = None,
+        error: Mapping[str, Any] | None = None,
+        retry_at: datetime | None = None,
+    ) -> Handled:
+        handled = super().__new__(cls, kind)
+        handled.failure = dict(failure) if failure is not None else None
+        handled.error = dict(error) if error is not None else handled.failure
+        handled.retry_at = retry_at
+        return handled
+
+    @property
+    def kind(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        extra = f", failure={self.failure!r}" if self.failure is not None else ""
+        extra += f", retry_at={self.retry_at!r}" if self.retry_at is not None else ""
+        return f"Handled({self.kind!r}{extra})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _handled, (self.kind, self.failure, self.error, self.retry_at)
+
+
+def _handled(
+    kind: str, failure: dict[str, Any] | None, error: dict[str, Any] | None, retry_at: datetime | None
+) -> Handled:
+    return Handled(kind, failure=failure, error=error, retry_at=retry_at)
+
+
+def error_text(error: Mapping[str, Any] | None) -> str:
+    """A recorded error as one line: ``type: message``."""
+    error = error or {}
+    return f"{error.get('type', 'Error')}: {error.get('message', '')}"
 
 
 class Dispatcher(Protocol):
@@ -270,7 +324,8 @@ class Runtime:
         claim: Claim | None = None,
         inline_until: float | None = None,
         workflow_name: str | None = None,
-    ) -> str:
+        task_events: InlineStepEvents | None = None,
+    ) -> Handled:
         """Replay the run and move it as far as it goes now. Returns what happened (for logs and tests).
 
         ``claim`` (the transport's claim of this delivery, None when it did not come from one of our transports)
@@ -279,6 +334,8 @@ class Runtime:
         ``inline_until`` (a ``time.monotonic()`` deadline, e.g. half a Lambda invocation's time): past it, steps are
         queued as their own deliveries instead of run inline, as past ``inline_budget``. ``workflow_name``: the
         workflow the delivery's task names; a delivery naming another workflow than the run's is dropped.
+        ``task_events``: where the attempts of steps run inline are reported as Celery task events (a worker whose
+        task events are on, :mod:`.task_events`).
 
         The run is always read from the World first: nothing the message carries decides which code runs with which
         input, and a run cancelled before its delivery arrives runs no step. A World error (unavailable, throttled,
@@ -293,7 +350,7 @@ class Runtime:
                 run, events = self.world.get_run_with_events(run_id)
             except NotFound:
                 log.warning("delivery %s: run %s does not exist; dropping it", delivery_id, run_id)
-                return "missing"
+                return Handled("missing")
             if workflow_name is not None and workflow_name != run.workflow_name:
                 log.warning(
                     "delivery %s names workflow %r, but run %s is a run of %r; dropping it",
@@ -302,21 +359,23 @@ class Runtime:
                     run_id,
                     run.workflow_name,
                 )
-                return "mismatch"
+                return Handled("mismatch")
             if run.status.terminal:
-                return "ended"
+                return Handled("ended")
             predecessor = continuation.predecessor_of(events[0].body) if run.status is RunStatus.PENDING else None
             if predecessor is not None:
                 verdict = continuation.gate(self.world, run, predecessor)
                 if verdict == "wait":
                     self.world.enqueue([self.wake_delivery(run, not_before=self.clock() + continuation.CHECK_AFTER)])
-                    return "waiting"
+                    return Handled("waiting")
                 if verdict == "orphan":
                     with suppress(RunTerminal):
                         self.cancel(run_id, f"its predecessor {predecessor} ended without handing over to it")
-                    return "ended"
+                    return Handled("ended")
             wdef = self.registry.workflow(run.workflow_name)
-            effects = WorkflowEffects(self, run, delivery_id, started, receipt, inline_until=inline_until)
+            effects = WorkflowEffects(
+                self, run, delivery_id, started, receipt, inline_until=inline_until, task_events=task_events
+            )
             replay = Replay(
                 run=run,
                 wdef=wdef,
@@ -333,12 +392,12 @@ class Runtime:
             except Restart:
                 continue
             except RunEnded:
-                return "ended"
+                return Handled("ended")
             except WorldFault as fault:
                 raise fault.error  # noqa: B904 - its own cause is the driver's error
         raise WorldError(f"run {run_id}: the event log kept moving under {MAX_RESTARTS} replays")
 
-    def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
+    def _finish(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> Handled:
         """Write what ``outcome`` means; a write the World refuses as malformed fails the run with the cause instead
         (the same write would be refused again: retrying it would only end in the dead letters)."""
         try:
@@ -354,12 +413,13 @@ class Runtime:
                 exc = PayloadTooLarge(f"the output of run {run.run_id} was refused: {exc.message}")
             log.error("run %s: the World refused its write (%s); failing the run", run.run_id, exc)
             replay.discard()
+            error = steps.error_info(exc)
             try:
-                replay.write([NewEvent.of(RunFailedData(error=steps.error_info(exc)))], final=True)
+                replay.write([NewEvent.of(RunFailedData(error=error))], final=True)
             except Refused as again:
                 raise again.error from exc
             self._close_children(run, replay)
-            return "failed"
+            return Handled("failed", failure=error)
 
     def _close_children(self, run: RunView, replay: Replay) -> None:
         """The run has ended: apply its children's ``parent_close`` policy. A failure here is logged, not raised:
@@ -371,13 +431,14 @@ class Runtime:
         except CeleryWorkflowError as exc:
             log.warning("run %s ended, but its children could not all be cancelled: %s", run.run_id, exc)
 
-    def _settle(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> str:
+    def _settle(self, run: RunView, replay: Replay, outcome: Outcome, attempt: int) -> Handled:
         if outcome.kind == "completed":
             replay.write([NewEvent.of(RunCompletedData(output=outcome.output))], final=True)
-            return "completed"
+            return Handled("completed")
         if outcome.kind == "failed":
-            replay.write([NewEvent.of(RunFailedData(error=outcome.error or {}, code=outcome.code))], final=True)
-            return "timed_out" if outcome.code == RUN_TIMED_OUT else "failed"
+            error = outcome.error or {}
+            replay.write([NewEvent.of(RunFailedData(error=error, code=outcome.code))], final=True)
+            return Handled("timed_out" if outcome.code == RUN_TIMED_OUT else "failed", failure=error)
         if outcome.kind == "continued":
             return self._hand_over(run, replay, outcome.output)
         if outcome.kind == "diverged":
@@ -385,11 +446,9 @@ class Runtime:
             if attempt <= self.divergence_retries:
                 raise ReplayDivergence(f"run {run.run_id}: {message} (attempt {attempt}, will retry)")
             log.error("run %s diverged from its event log: %s", run.run_id, message)
-            replay.write(
-                [NewEvent.of(RunFailedData(error=outcome.error or {}, code="REPLAY_DIVERGENCE"))],
-                final=True,
-            )
-            return "failed"
+            error = outcome.error or {}
+            replay.write([NewEvent.of(RunFailedData(error=error, code="REPLAY_DIVERGENCE"))], final=True)
+            return Handled("failed", failure=error)
         deliveries: list[Delivery] = []
         if replay.open_waits:
             deliveries.append(self.wake_delivery(run, not_before=min(replay.open_waits.values())))
@@ -401,9 +460,9 @@ class Runtime:
                 raise Restart()  # replay again so the workflow sees the conflict
         elif deliveries or replay.pending_deliveries:
             self.world.enqueue([*replay.pending_deliveries, *deliveries])
-        return "suspended"
+        return Handled("suspended")
 
-    def _hand_over(self, run: RunView, replay: Replay, successor_input: Any) -> str:
+    def _hand_over(self, run: RunView, replay: Replay, successor_input: Any) -> Handled:
         """Create the successor (gated: only a check delivery), then complete this run naming it, with its wake-up
         (see :mod:`.continuation`). A successor id already taken by other arguments (an earlier attempt of this
         delivery that replayed differently and never completed) is cancelled and the next id used."""
@@ -443,7 +502,7 @@ class Runtime:
         wake = self.wake_delivery(view)
         done = NewEvent.of(RunCompletedData(output=None, continued_as=succ, continued_with=successor_input))
         replay.write([done], [wake], final=True)
-        return "continued"
+        return Handled("continued")
 
     # -- step deliveries -------------------------------------------------------------------------------------------
 
@@ -456,7 +515,7 @@ class Runtime:
         delivery_id: str,
         claim: Claim | None = None,
         step_name: str | None = None,
-    ) -> str:
+    ) -> Handled:
         """Run one attempt of a queued step, record its outcome, and wake the workflow (or schedule the retry).
 
         ``claim``: as for :meth:`handle_workflow` (its receipt acks the delivery with the step's outcome).
@@ -468,7 +527,7 @@ class Runtime:
             step = self.world.get_step(run_id, step_id)
         except NotFound:
             log.warning("delivery %s: step %s of run %s does not exist; dropping it", delivery_id, step_id, run_id)
-            return "missing"
+            return Handled("missing")
         if step_name is not None and step_name != step.step_name:
             log.warning(
                 "delivery %s names step %r, but step %s of run %s is %r; dropping it",
@@ -478,18 +537,18 @@ class Runtime:
                 run_id,
                 step.step_name,
             )
-            return "mismatch"
+            return Handled("mismatch")
         sdef = self.registry.step(step.step_name)
         if step.status.terminal:
             self.world.enqueue([self.wake_delivery(run)])
-            return "done"
+            return Handled("done")
         if run.status.terminal:
-            return "ended"
+            return Handled("ended")
         if step.owner not in (None, delivery_id) and step.status.value == "running":
-            return "owned"
+            return Handled("owned")
         if self._past_deadline(run):
             self.world.enqueue([self.wake_delivery(run)])  # the workflow delivery fails the run
-            return "timed_out"
+            return Handled("timed_out")
         queue = self._step_queue(run, sdef)
         try:
             res = self.world.append(
@@ -505,12 +564,12 @@ class Runtime:
                     )
                 ]
             )
-            return "early"
+            return Handled("early")
         except RunTerminal:
-            return "ended"
+            return Handled("ended")
         except EntityTerminal:
             self.world.enqueue([self.wake_delivery(run)])
-            return "done"
+            return Handled("done")
         started = res.events[-1]
         n = started.data_as(StepStartedData).attempt
         crash_loop = steps.exceeded_starts(sdef, step_id, n)
@@ -534,12 +593,12 @@ class Runtime:
         try:
             self.world.append(run_id, [event], deliveries=[again], ack=receipt)
         except RunTerminal:
-            return "ended"
+            return Handled("ended")
         except EntityTerminal:
-            return "done"
+            return Handled("done")
         except (EventInvalid, PayloadError) as exc:
             return self._refused_step(run, step_id, exc, receipt)
-        return "retrying"
+        return Handled("retrying", error=event.data.get("error") or {}, retry_at=when)
 
     def _past_deadline(self, run: RunView) -> bool:
         """Whether ``run`` is past the deadline its ``run_created`` records. Read only when the run's workflow, as
@@ -553,19 +612,21 @@ class Runtime:
         deadline = created.deadline if isinstance(created, RunCreatedData) else None
         return deadline is not None and self.clock() >= deadline
 
-    def _record_step(self, run: RunView, step_id: str, event: NewEvent, receipt: str | None) -> str:
+    def _record_step(self, run: RunView, step_id: str, event: NewEvent, receipt: str | None) -> Handled:
         try:
             self.world.append(run.run_id, [event], deliveries=[self.wake_delivery(run)], ack=receipt)
         except EntityTerminal:
             self.world.enqueue([self.wake_delivery(run)])
-            return "duplicate"
+            return Handled("duplicate")
         except (EventInvalid, PayloadError) as exc:
             if event.event_type is EventType.STEP_FAILED:
                 raise  # the failure itself was refused: the delivery is retried, then dead-lettered
             return self._refused_step(run, step_id, exc, receipt)
-        return "completed" if event.event_type is EventType.STEP_COMPLETED else "failed"
+        if event.event_type is EventType.STEP_COMPLETED:
+            return Handled("completed")
+        return Handled("failed", failure=event.data.get("error") or {})
 
-    def _refused_step(self, run: RunView, step_id: str, exc: Exception, receipt: str | None) -> str:
+    def _refused_step(self, run: RunView, step_id: str, exc: Exception, receipt: str | None) -> Handled:
         """The World refused an attempt's outcome as malformed (a result it cannot store): the step fails at once
         with that cause, as a result over ``max_payload`` does, instead of being retried into the dead letters."""
         log.error("run %s: the World refused the outcome of step %s (%s); failing the step", run.run_id, step_id, exc)

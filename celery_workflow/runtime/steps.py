@@ -6,7 +6,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from celery_workflow import codec
 from celery_workflow.errors import (
@@ -155,12 +155,23 @@ def record(
     Success is ``step_completed``; a FatalError or the last allowed attempt is ``step_failed``; anything else is
     ``step_retrying`` at :func:`retry_at`. Inline and queued steps both decide here.
     """
-    if outcome.ok:
+    kind = verdict(sdef, outcome, attempt)
+    if kind == "completed":
         return NewEvent.of(StepCompletedData(result=outcome.result), step_id), None
-    if outcome.fatal or attempt >= sdef.max_retries + 1:
+    if kind == "failed":
         return NewEvent.of(StepFailedData(error=outcome.error or {}), step_id), None
     when = retry_at(sdef, outcome, attempt, now)
     return NewEvent.of(StepRetryingData(error=outcome.error or {}, retry_after=when), step_id), when
+
+
+def verdict(sdef: StepDef, outcome: StepOutcome, attempt: int) -> Literal["completed", "failed", "retrying"]:
+    """What an attempt's outcome makes of its step: ``completed``; ``failed`` for good (a FatalError, or the last
+    allowed attempt); else ``retrying``."""
+    if outcome.ok:
+        return "completed"
+    if outcome.fatal or attempt >= sdef.max_retries + 1:
+        return "failed"
+    return "retrying"
 
 
 def retry_at(sdef: StepDef, outcome: StepOutcome, attempt: int, now: datetime) -> datetime:
