@@ -1,11 +1,9 @@
 """The Celery binding: :class:`Workflows`, the ``@wf.workflow`` / ``@wf.step`` decorators and their Celery tasks.
 
-This is the only module that knows Celery's task API: it registers the tasks, builds their messages
-(:func:`build_message`, with Celery's own protocol-2 builder) and reads the transport's claim back from a request. Each workflow gets a task named ``workflow.<name>`` and each
-step ``step.<name>`` (what Flower shows); a delivery message carries the run id (and step id) as task arguments,
-and the delivery id as the task id. Tasks are ``acks_late`` with ``reject_on_worker_lost`` and prefetch 1, and do
-not ack on failure: an infrastructure error (the World unreachable, say) puts the delivery back with a backoff and
-the error in its history, until its queue's delivery limit dead-letters it (:mod:`celery_workflow.dead_letters`). Step retries and failures are recorded in the World, never left to Celery.
+This module and :mod:`celery_workflow.celery_tasks` are the ones that know Celery's task API: this one binds the
+app (its broker, the decorators) and builds delivery messages (:func:`build_message`, with Celery's own protocol-2
+builder); ``celery_tasks`` registers the tasks, ``workflow.<name>`` and ``step.<name>`` (what Flower shows), reads
+the transport's claim back from a request and says what Celery reports for each delivery.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from celery.exceptions import SoftTimeLimitExceeded
 from kombu import serialization
 
-from celery_workflow import task_names, worker_setup
+from celery_workflow import celery_tasks, task_names, worker_setup
 from celery_workflow.broker_choice import DEFAULT_RELAY_LEASE, broker_choice
 from celery_workflow.client import Run
 from celery_workflow.errors import ConfigurationError, PayloadError
@@ -32,12 +30,11 @@ from celery_workflow.events import HookView, RunStatus
 from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import children, context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
-from celery_workflow.runtime.handlers import Runtime
+from celery_workflow.runtime.handlers import Handled, Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
 from celery_workflow.schedules.api import Scheduling
-from celery_workflow.task_names import python_identifier, step_task_name, workflow_task_name
+from celery_workflow.task_names import step_task_name, workflow_task_name
 from celery_workflow.telemetry import Telemetry
-from celery_workflow.transport.store import backoff
 from celery_workflow.world import DEFAULT_QUEUE, Claim, Delivery, World, open_world
 
 P = ParamSpec("P")
@@ -47,9 +44,8 @@ log = logging.getLogger("celery_workflow")
 
 #: Where the embedded default World lives unless ``CELERY_WORKFLOW_URL`` or ``world=`` says otherwise.
 DEFAULT_URL = "sqlite:///celery_workflow.sqlite3"
-#: Seconds between a step's soft time limit (its ``timeout``: the body gets SoftTimeLimitExceeded) and its hard time
-#: limit (the pool process is killed; the delivery comes back when its lease ends and the attempt counts as started).
-HARD_LIMIT_GRACE = 10.0
+#: Seconds between a step's soft time limit and its hard time limit (see :mod:`celery_workflow.celery_tasks`).
+HARD_LIMIT_GRACE = celery_tasks.HARD_LIMIT_GRACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,71 +399,11 @@ class Workflows(Scheduling):
 
         return register(func) if func is not None else register
 
-    def _task_options(self) -> dict[str, Any]:
-        return {
-            "bind": True,
-            "acks_late": True,
-            "reject_on_worker_lost": True,
-            "acks_on_failure_or_timeout": False,
-            "ignore_result": True,
-            "typing": False,
-            # a workflow's tasks belong to its app: a shared task would be built into every Celery app the process
-            # finalizes, under names (and with a World) that app knows nothing of
-            "shared": False,
-        }
-
     def _register_workflow_task(self, wdef: WorkflowDef) -> None:
-        runtime = self.runtime
-
-        def run_workflow(task: Any, run_id: str) -> str:
-            claim = _claim(task)
-            try:
-                return runtime.handle_workflow(
-                    run_id, delivery_id=str(task.request.id), claim=claim, workflow_name=wdef.name
-                )
-            except Exception as exc:
-                self._put_back(claim, exc)
-                raise
-
-        task_name = workflow_task_name(wdef.name)
-        run_workflow.__name__ = run_workflow.__qualname__ = python_identifier(task_name)
-        self.celery_app.task(name=task_name, **self._task_options())(run_workflow)
+        celery_tasks.register_workflow_task(self, wdef)
 
     def _register_step_task(self, sdef: StepDef) -> None:
-        runtime = self.runtime
-
-        def run_step(task: Any, run_id: str, step_id: str) -> str:
-            claim = _claim(task)
-            try:
-                return runtime.handle_step(
-                    run_id, step_id, delivery_id=str(task.request.id), claim=claim, step_name=sdef.name
-                )
-            except Exception as exc:
-                self._put_back(claim, exc)
-                raise
-
-        task_name = step_task_name(sdef.name)
-        run_step.__name__ = run_step.__qualname__ = python_identifier(task_name)
-        limits: dict[str, float] = {}
-        if sdef.timeout is not None:  # the body gets SoftTimeLimitExceeded; one that ignores it is killed
-            soft = sdef.timeout.total_seconds()
-            limits = {"soft_time_limit": soft, "time_limit": soft + HARD_LIMIT_GRACE}
-        self.celery_app.task(name=task_name, **self._task_options(), **limits)(run_step)
-
-    def _put_back(self, claim: Claim | None, exc: Exception) -> None:
-        """A delivery whose handling failed (the World unreachable, a bug): due again after a backoff, with the error
-        recorded in its history. Celery then rejects it, which changes nothing any more (its receipt is stale);
-        after the queue's delivery limit the transport moves it to the dead letters and fails its run."""
-        if claim is None:
-            return
-        try:
-            error = f"{type(exc).__name__}: {exc}"
-        except Exception:
-            error = f"{type(exc).__name__}: <str() failed>"
-        try:
-            self.world.retry_later(claim.receipt, backoff(claim.attempts), error=error)
-        except Exception as again:
-            log.warning("cannot put delivery %s back (%s); it returns when its lease runs out", claim.receipt, again)
+        celery_tasks.register_step_task(self, sdef)
 
     # -- outside calls ---------------------------------------------------------------------------------------------
 
@@ -496,7 +432,9 @@ class Workflows(Scheduling):
         (after ``wait`` seconds of looking again, for a run that has not reached its ``create_hook`` yet)."""
         return self.runtime.resume_hook(token, payload, wait=wait)
 
-    def handle_delivery(self, payload: bytes, claim: Claim | None = None, *, inline_until: float | None = None) -> str:
+    def handle_delivery(
+        self, payload: bytes, claim: Claim | None = None, *, inline_until: float | None = None
+    ) -> Handled:
         """Run one stored delivery of this app (a workflow or step task message) without a Celery worker, as the
         Lambda queue handler and ``testing.LocalWorker`` do; returns what the handler did. ``claim``: the
         transport's claim (its receipt acks the delivery with the last write); ``inline_until``: see
@@ -540,18 +478,6 @@ def workflows_of(celery_app: Any) -> Workflows | None:
     except TypeError:
         return None
     return ref() if ref is not None else None
-
-
-def _claim(task: Any) -> Claim | None:
-    """The transport's claim of the delivery a task is handling (None when it did not come from our transports).
-
-    Our transports put it in ``delivery_info``; Celery keeps that in the request's message properties (it rebuilds
-    ``request.delivery_info`` itself). The relay (``Workflows(broker="app")``) puts it in the message's headers.
-    """
-    properties = getattr(task.request, "properties", None) or {}
-    found = Claim.from_delivery_info(properties.get("delivery_info"))
-    # a message the relay published on the app's broker carries it in its headers (request attributes, to a task)
-    return found if found is not None else Claim.from_attributes(task.request)
 
 
 #: The longest string argument a message's ``argsrepr`` shows with ``repr`` (Celery's saferepr cuts at 1024).

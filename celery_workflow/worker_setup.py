@@ -14,7 +14,8 @@
   main process while it lives, and so does the schedules' ticker (:func:`start_ticker`, issue #30 item 3).
 * **Relay** (``Workflows(broker="app")``, issue #29): the worker's main process also runs the relay of the queues it
   consumes and keeps the World leases of the relayed deliveries it holds (:mod:`celery_workflow.relay_celery`); a
-  relayed task that returned acks its claim in the World (``task_postrun``).
+  relayed task that returned, or reported its delivery's outcome (:mod:`celery_workflow.celery_tasks`), acks its
+  claim in the World (``task_postrun``).
 * :func:`queue_consumers` / :func:`unserved`: which queues have no live consumer, when the World's queue store
   records its consumers (the SQLite and Postgres transports do; SQS does not, so None: unknown). ``runs list``,
   ``runs show`` and the inspector say so for a run that waits on such a queue.
@@ -26,6 +27,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from celery_workflow.errors import DeliveryReport
 from celery_workflow.events import RunView
 
 if TYPE_CHECKING:
@@ -116,8 +118,10 @@ def connect_worker_signals(wf: Workflows) -> None:
                 if queues:
                     background.append(WorkerRelay(wf, queues).start())
 
-    def postrun(sender: Any = None, task: Any = None, state: str | None = None, **_: Any) -> None:
-        if wf.broker == "app" and state == "SUCCESS" and getattr(task, "app", None) is app:
+    def postrun(sender: Any = None, task: Any = None, state: str | None = None, retval: Any = None, **_: Any) -> None:
+        # a task that returned, or that reported its delivery's outcome (a failed run or step, a retry)
+        reported = state == "RETRY" or (state == "FAILURE" and isinstance(retval, DeliveryReport))
+        if wf.broker == "app" and (state == "SUCCESS" or reported) and getattr(task, "app", None) is app:
             from celery_workflow.relay_celery import ack_relayed
 
             ack_relayed(wf, task.request)
