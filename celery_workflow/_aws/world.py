@@ -510,6 +510,11 @@ class AWSWorld(TemplateWorld, StoreStreams):
             settings=settings,
         )
 
+    def __json__(self) -> dict[str, str]:
+        """What Kombu's JSON shows of this World, which the app's transport options carry (``broker()``): the replies
+        to ``inspect stats`` (the broker connection's info) and ``inspect conf`` encode it, as Flower asks for them."""
+        return {"world": "aws", "table": self.config.table_name}
+
     def start_upkeep(self) -> Upkeep | None:
         """None: the AWS World's upkeep (retention) travels as deliveries."""
         return None
