@@ -26,14 +26,13 @@ exceptions are the tasks' ``throws`` (logged without a traceback: they are outco
 **Inline steps** are reported as tasks of their own (:mod:`celery_workflow.runtime.task_events`) when the worker
 sends task events (``-E``, ``worker_send_task_events``, or ``celery control enable_events``): the worker's main
 process reads its event dispatcher when it receives a delivery and tells the task (:data:`TASK_EVENTS`, a field of
-the task's request); the task then sends the attempts' events on a dispatcher of its own process, opened at the
-first one. With task events off nothing is opened or sent.
+the task's request); the task then sends the attempts' events through a dispatcher of its own process (a producer
+of the app's pool, taken for each event). With task events off nothing is opened or sent.
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -113,25 +112,17 @@ def report(handled: Handled, *, step: bool) -> None:
 
 
 class _EventSender:
-    """Sends events on a dispatcher of this process, opened at the first event (Celery's ``default_dispatcher``:
-    a producer of the app's pool, on the broker the worker's own events use) and closed with the delivery."""
+    """Sends events on a dispatcher of this process: Celery's ``default_dispatcher``, on a producer of the app's pool
+    (the broker the worker's own events use), taken for each event and given back at once, so that a delivery never
+    holds one while its steps publish tasks of their own (a pool of threads could otherwise drain the producers)."""
 
     def __init__(self, celery_app: Any, hostname: str) -> None:
         self._app = celery_app
         self._hostname = hostname
-        self._stack = ExitStack()
-        self._dispatcher: Any = None
 
     def __call__(self, type: str, **fields: Any) -> None:
-        if self._dispatcher is None:
-            self._dispatcher = self._stack.enter_context(self._app.events.default_dispatcher(hostname=self._hostname))
-        self._dispatcher.send(type, **fields)
-
-    def close(self) -> None:
-        try:
-            self._stack.close()
-        except Exception as exc:
-            log.debug("cannot close the inline steps' event dispatcher: %s", exc)
+        with self._app.events.default_dispatcher(hostname=self._hostname) as dispatcher:
+            dispatcher.send(type, **fields)
 
 
 def task_options() -> dict[str, Any]:
@@ -157,9 +148,9 @@ def register_workflow_task(wf: Workflows, wdef: WorkflowDef) -> None:
     def run_workflow(task: Any, run_id: str) -> str:
         claim = claim_of(task)
         node = getattr(task.request, TASK_EVENTS, None)
-        sender = _EventSender(task.app, str(node)) if node else None
         events = None
-        if sender is not None:
+        if node:  # the worker sends task events: this delivery's inline steps are tasks too
+            sender = _EventSender(task.app, str(node))
             events = InlineStepEvents(sender, parent_id=task.request.id, root_id=task.request.root_id)
         try:
             handled = runtime.handle_workflow(
@@ -168,9 +159,6 @@ def register_workflow_task(wf: Workflows, wdef: WorkflowDef) -> None:
         except Exception as exc:
             put_back(wf.world, claim, exc)
             raise
-        finally:
-            if sender is not None:
-                sender.close()
         report(handled, step=False)
         return handled.kind
 
