@@ -30,7 +30,8 @@ from celery_workflow.events import HookView, RunStatus
 from celery_workflow.ids import isoformat, new_delivery_id
 from celery_workflow.runtime import children, context
 from celery_workflow.runtime.context import NotInWorkflow, StepFuture
-from celery_workflow.runtime.handlers import Handled, Runtime
+from celery_workflow.runtime.handled import Handled
+from celery_workflow.runtime.handlers import Runtime
 from celery_workflow.runtime.registry import Registry, StepDef, WorkflowDef, check_timeout
 from celery_workflow.schedules.api import Scheduling
 from celery_workflow.task_names import step_task_name, workflow_task_name

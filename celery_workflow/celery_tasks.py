@@ -40,7 +40,7 @@ from celery.exceptions import Retry
 from celery.worker.request import Request
 
 from celery_workflow.errors import DeliveryReport, RunFailedReport, StepAttemptFailed, StepFailedReport
-from celery_workflow.runtime.handlers import Handled, error_text
+from celery_workflow.runtime.handled import Handled, error_text
 from celery_workflow.runtime.task_events import InlineStepEvents
 from celery_workflow.task_names import python_identifier, step_task_name, workflow_task_name
 from celery_workflow.transport.store import backoff

@@ -14,7 +14,7 @@ from celery.worker.request import Request
 from celery_workflow import FatalError, Workflows, step_metadata
 from celery_workflow.celery_tasks import DeliveryRequest, report, task_events_on
 from celery_workflow.errors import RunFailedReport, StepAttemptFailed, StepFailedReport
-from celery_workflow.runtime.handlers import Handled
+from celery_workflow.runtime.handled import Handled
 from celery_workflow.runtime.task_events import InlineStepEvents
 
 ERROR = {"type": "celery_workflow.errors.FatalError", "message": "card declined", "traceback": "Traceback …"}
