@@ -69,7 +69,14 @@ class Flower:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "flowerapp", "flower", "--address=127.0.0.1", f"--port={self.port}"],
             cwd=APPS,
-            env={**os.environ, **env, "PYTHONPATH": str(APPS), "FLOWER_UNAUTHENTICATED_API": "1"},
+            # the test's own PYTHONPATH too: Flower opens the World, and must run the code under test (a checkout
+            # whose migrations are ahead would move the World past what the workers know)
+            env={
+                **os.environ,
+                **env,
+                "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                "FLOWER_UNAUTHENTICATED_API": "1",
+            },
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
