@@ -4,12 +4,18 @@ A :class:`FaultyWorld` forwards to an in-memory World and raises :class:`Crash` 
 nothing catches) before or after the n-th mutating call. The delivery being handled is then neither acked nor
 retried; the test releases its lease, as lease expiry would. For every n, the run must complete with the right
 result, contiguous slots and exactly one terminal event per step.
+
+Time is a :class:`ManualClock` shared by the World and the runtime, moved on only when nothing is due: with the wall
+clock, a 20 ms sleep found already due on a loaded machine completed inline, one delivery fewer, and the number of
+writes (the parametrization, computed at collection) differed between pytest-xdist's workers, which then refused
+to run the suite.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +24,7 @@ from celery import Celery
 from celery_workflow import Workflows, create_hook, gather, get_writable, sleep
 from celery_workflow.errors import HookNotFound
 from celery_workflow.events import EventType
+from celery_workflow.ids import utcnow
 from celery_workflow.testing import LocalWorker, MemoryWorld
 
 MUTATING = frozenset(
@@ -27,6 +34,24 @@ MUTATING = frozenset(
 
 class Crash(BaseException):
     pass
+
+
+class ManualClock:
+    """Now, as the World and the runtime read it: still until :meth:`advance`."""
+
+    def __init__(self) -> None:
+        self.now = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def memory_world() -> tuple[MemoryWorld, ManualClock]:
+    clock = ManualClock()
+    return MemoryWorld(clock=clock), clock
 
 
 class FaultyWorld:
@@ -59,8 +84,9 @@ class FaultyWorld:
         return call
 
 
-def build(world: Any) -> tuple[Workflows, Any, Counter[str]]:
+def build(world: Any, clock: ManualClock) -> tuple[Workflows, Any, Counter[str]]:
     wf = Workflows(Celery("crash"), world=world, broker="app")
+    wf.runtime.clock = clock
     executions: Counter[str] = Counter()
 
     @wf.step
@@ -93,7 +119,9 @@ def build(world: Any) -> tuple[Workflows, Any, Counter[str]]:
     return wf, order_flow, executions
 
 
-def drive(wf: Workflows, inner: MemoryWorld, flow: Any, order: str, timeout: float = 10.0) -> Any:
+def drive(
+    wf: Workflows, inner: MemoryWorld, clock: ManualClock, flow: Any, order: str, *, timeout: float = 10.0
+) -> Any:
     run = None
     while run is None:
         try:
@@ -116,7 +144,7 @@ def drive(wf: Workflows, inner: MemoryWorld, flow: Any, order: str, timeout: flo
                 continue
         claimed = inner.claim(worker.queues, limit=1, lease=30.0)
         if not claimed:
-            time.sleep(0.002)
+            clock.advance(0.01)  # nothing due: time moves on (the sleep's 20 ms, a retry's backoff)
             continue
         try:
             worker.handle(claimed[0])
@@ -142,10 +170,10 @@ def check(inner: MemoryWorld, run: Any, executions: Counter[str]) -> None:
 
 
 def fault_free_writes() -> list[str]:
-    inner = MemoryWorld()
+    inner, clock = memory_world()
     faulty = FaultyWorld(inner, None, after=False)
-    wf, flow, executions = build(faulty)
-    run = drive(wf, inner, flow, "x")
+    wf, flow, executions = build(faulty, clock)
+    run = drive(wf, inner, clock, flow, "x")
     check(inner, run, executions)
     return faulty.names
 
@@ -157,10 +185,10 @@ TOTAL = len(WRITES)
 @pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
 @pytest.mark.parametrize("crash_at", range(1, TOTAL + 1))
 def test_a_crash_at_any_write_loses_nothing(crash_at: int, after: bool) -> None:
-    inner = MemoryWorld()
+    inner, clock = memory_world()
     faulty = FaultyWorld(inner, crash_at, after=after)
-    wf, flow, executions = build(faulty)
-    run = drive(wf, inner, flow, "x")
+    wf, flow, executions = build(faulty, clock)
+    run = drive(wf, inner, clock, flow, "x")
     assert faulty.crashed
     check(inner, run, executions)
 
