@@ -10,6 +10,7 @@ is published and replayed into Celery's own ``events.State`` (what Flower keeps)
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,17 @@ from celery.events.state import State
 
 from celery_workflow import FatalError, Workflows, step_metadata
 from celery_workflow.events import EventType
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Celery's embedded worker sets up logging for the whole process (the root logger's level to its loglevel,
+    ERROR, and its handlers): put them back, or later tests in this process see no warnings (caplog)."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
 
 
 class Recorded:

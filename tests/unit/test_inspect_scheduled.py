@@ -19,6 +19,8 @@ from celery_workflow.transport import scheduled
 @pytest.fixture
 def panel() -> Iterator[None]:
     saved, meta = dict(control.Panel.data), dict(control.Panel.meta)
+    # start from Celery's own command: an embedded worker earlier in this process may have installed ours for good
+    control.Panel.data["scheduled"] = control.Panel.data["dump_schedule"] = control.scheduled
     try:
         yield
     finally:
