@@ -63,6 +63,7 @@ class _Injector:
         self.lock = threading.Lock()
         self._sender: Any = None
         self._session: Any = None
+        self._duplicated_in: int | None = None  # the pid that has sent its first duplicate
 
     def chance(self, share: float) -> bool:
         with self.lock:
@@ -106,9 +107,18 @@ class _Injector:
         if not url:
             return
         for message in parsed.get("Messages", []):
-            if self.chance(self.rates.dup):
+            if self.first_dup() or self.chance(self.rates.dup):
                 self.sender().send_message(QueueUrl=url, MessageBody=message["Body"])
                 self.record("dup", "ReceiveMessage")
+
+    def first_dup(self) -> bool:
+        """True for the first message a process receives while ``dup`` is on: a short run, whose messages a Lambda
+        poller may take nearly all of, meets at least one duplicate rather than a chance of one."""
+        with self.lock:
+            if self.rates.dup <= 0 or self._duplicated_in == os.getpid():
+                return False
+            self._duplicated_in = os.getpid()
+            return True
 
     def sender(self) -> Any:
         """An SQS client of a session of its own: no handlers of these (one per process: a forked pool child makes
@@ -135,8 +145,17 @@ def install(rates: FaultRates, log: Path, *, seed: int | None = None) -> None:
 
     session = boto3._get_default_session()  # the session boto3.client() uses
     injector = _Injector(rates, log, seed)
-    events = session.events
-    events.register("before-call.dynamodb", injector.dynamodb, unique_id="cw-faults-dynamodb")
+    session.events.register("before-call.dynamodb", injector.dynamodb, unique_id="cw-faults-dynamodb")
+    _register_dups(session.events, injector)
+
+
+def install_dups(client: Any, spec: str, log: Path) -> None:
+    """Only the ``dup`` fault, on one SQS client's receives (the Lambda poller's: SQS delivers twice to an event
+    source mapping as it does to a worker)."""
+    _register_dups(client.meta.events, _Injector(FaultRates(spec), log, None))
+
+
+def _register_dups(events: Any, injector: _Injector) -> None:
     events.register("provide-client-params.sqs.ReceiveMessage", injector.remember_queue, unique_id="cw-faults-q")
     events.register("after-call.sqs.ReceiveMessage", injector.received, unique_id="cw-faults-dup")
 

@@ -7,7 +7,8 @@ child with a context whose deadline is ``CW_LAMBDA_DEADLINE`` seconds (short, so
 its inline budget are exercised). A child still running at the deadline is SIGKILLed, as Lambda ends a timed-out
 invocation (logged ``timeout`` in ``$CW_CHAOS_DIR/faults.log``); its batch comes back after the visibility timeout.
 Messages the handler did not report as failed are deleted, as the mapping deletes them. Faults of
-:mod:`bench.aws_faults` apply (``CW_AWS_FAULTS``: the chaos app installs them).
+:mod:`bench.aws_faults` apply (``CW_AWS_FAULTS``: the chaos app installs them; the poller's own receives get the
+``dup`` fault, as SQS duplicates reach a mapping too).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 #: Messages per invocation (the mapping's batch size).
@@ -88,7 +90,7 @@ def main() -> int:
     import boto3
 
     from bench import chaos_app
-    from bench.aws_faults import record_fault
+    from bench.aws_faults import ENV, install_dups, record_fault
     from celery_workflow.aws_lambda import queue_handler
 
     deadline = float(os.environ.get("CW_LAMBDA_DEADLINE", "3"))
@@ -96,7 +98,9 @@ def main() -> int:
     url = os.environ["WORKFLOW_QUEUE_URL"]
     region = os.environ.get("AWS_DEFAULT_REGION", "us-east-1")
     handler = queue_handler(chaos_app.wf, extend_every=max(0.5, deadline / 4), extend_to=visibility)
-    sqs = boto3.session.Session().client("sqs")  # the mapping's own client: no injected faults
+    sqs = boto3.session.Session().client("sqs")  # the mapping's own client: of the faults, only SQS's duplicates
+    if os.environ.get(ENV):
+        install_dups(sqs, os.environ[ENV], Path(os.environ.get("CW_CHAOS_DIR", "/tmp")) / "faults.log")
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     print("lambda poller ready.", flush=True)
     stop = []
