@@ -237,6 +237,11 @@ class AppendLimits:
     (SQLite; Postgres, which splits its statements inside its one transaction). Each figure must be an upper bound of
     what the World's append really counts, so that a batch the runtime packs within them is never refused for its
     size (the conformance suite checks it).
+
+    ``batch_steps``: each append is paid for on its own (a DynamoDB transaction), so the World wants fewer, fuller
+    ones: the quick inline steps of one delivery start unwritten and are written together with the delivery's next
+    write, within these limits and a short window (:mod:`celery_workflow.runtime.holding`); a crash before that write
+    runs them again. False (the default): a step's start is written before its body runs, as on the SQL Worlds.
     """
 
     max_actions: int | None = None
@@ -251,11 +256,16 @@ class AppendLimits:
     event_overhead: Mapping[str, int] = field(default_factory=dict)
     default_event_overhead: int = 0
     delivery_overhead: int = 0
+    batch_steps: bool = False
 
     def __post_init__(self) -> None:
         costs: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "batch_steps":
+                if not isinstance(value, bool):
+                    raise ConfigurationError(f"AppendLimits.batch_steps must be a bool, not {value!r}")
+                continue
             if isinstance(value, Mapping):
                 costs.update({f"{f.name}[{k}]": v for k, v in value.items()})
             else:

@@ -125,6 +125,13 @@ class Effects(Protocol):
         :meth:`Replay._run_inline`)."""
         ...
 
+    def may_batch_start(self, sdef: StepDef, unwritten: Sequence[NewEvent], oldest: datetime | None) -> bool:
+        """Whether a new inline step may start unwritten beside ``unwritten`` (the replay's deferred events, the
+        step's creation and start last), the oldest held start at ``oldest`` (None: none held): only on a World that
+        wants batched appends, for a step known to be quick, within the batch's window and size (see
+        :mod:`.holding`, which says what a crash or a duplicate delivery then re-runs)."""
+        ...
+
 
 @dataclass(slots=True)
 class Outcome:

@@ -17,11 +17,11 @@ from celery_workflow._backend.children import ParentLink
 from celery_workflow.errors import EntityExists, EntityTerminal, NotFound, RunTerminal, StaleLog
 from celery_workflow.event_data import HookDisposedData
 from celery_workflow.events import Event, NewEvent, RunView
-from celery_workflow.runtime import batches, children, steps
+from celery_workflow.runtime import batches, children, holding, steps
 from celery_workflow.runtime.control import Restart
 from celery_workflow.runtime.registry import StepDef, WorkflowDef
 from celery_workflow.runtime.task_events import InlineStepEvents
-from celery_workflow.world import Delivery
+from celery_workflow.world import Delivery, append_limits
 
 if TYPE_CHECKING:
     from celery_workflow.runtime.handlers import Runtime
@@ -59,6 +59,8 @@ class WorkflowEffects:
         self.receipt = receipt
         self.inline_until = inline_until
         self.defer_writes = not runtime.every_write_durable
+        #: what one append may carry, and whether the World wants quick steps batched (``batch_steps``)
+        self.limits = append_limits(runtime.world)
         self.replay: Replay | None = None
         #: where the inline step attempts are reported as Celery task events (None: not reported)
         self.task_events = task_events
@@ -161,3 +163,15 @@ class WorkflowEffects:
         running."""
         last = self.runtime.inline_seconds.get(sdef.name)
         return last is not None and last < HOLD_START_BELOW
+
+    def may_batch_start(self, sdef: StepDef, unwritten: Sequence[NewEvent], oldest: datetime | None) -> bool:
+        """A new inline step of a run this delivery has written to (or of a running run) may start unwritten on a
+        World that wants batched appends (``AppendLimits.batch_steps``), when writes wait for the delivery's end
+        (durability per delivery), the step is known to be quick (as for :meth:`may_hold_start`) and the batch is
+        young and small enough (:func:`.holding.may_batch`)."""
+        return (
+            self.defer_writes
+            and self.limits.batch_steps
+            and self.may_hold_start(sdef)
+            and holding.may_batch(self.limits, unwritten, oldest, self.wall_now())
+        )

@@ -7,7 +7,8 @@ is a divergence, reported instead of guessed at.
 
 When replay reaches a step with no result it runs it inline (the fast path: ``step_created`` + ``step_started`` in
 one conditional append, the body, then ``step_completed``; the first step of a new run may start unwritten, its
-creation and start riding with the delivery's next write, see :meth:`Replay._run_inline`) unless the step must be
+creation and start riding with the delivery's next write, and so may any quick step on a World that wants batched
+appends, see :meth:`Replay._run_inline` and :mod:`.holding`) unless the step must be
 its own delivery: it was started as a future, it declares another queue, it must wait for a retry, or the delivery
 is past its time budget. A call that cannot finish now raises :class:`Suspend` (a ``BaseException``, so user
 ``except Exception`` blocks cannot swallow it); the handler then writes the pending creations and deliveries in one
@@ -109,8 +110,10 @@ class Replay:
     #: a child run's link to its parent (recorded in its ``run_created``), handed on by ``continue_as_new``
     parent: Mapping[str, Any] | None = field(default=None, init=False)
     #: events written with the next write: a pending run's ``run_started``, completions of inline steps, the creation
-    #: and start of a held first step
+    #: and start of held steps
     deferred: list[NewEvent] = field(default_factory=list)
+    #: when the oldest step start held in ``deferred`` began (None: none held)
+    held_since: datetime | None = field(default=None, init=False)
     _metadata: WorkflowMetadata = field(init=False)
 
     def __post_init__(self) -> None:
@@ -218,6 +221,7 @@ class Replay:
         self.deferred.clear()
         self.pending.clear()
         self.pending_deliveries.clear()
+        self.held_since = None
         self._absorb(written)
         self._observe(written)
         return written
@@ -240,14 +244,16 @@ class Replay:
         self.pending_deliveries.clear()
         self.inline_new.clear()
         self.open_waits.clear()
+        self.held_since = None
 
     def _write_now(self, extra: Sequence[NewEvent], deliveries: Sequence[Delivery] = ()) -> list[Event]:
         """Write at the next slot whatever the count (terminal step events: protected by the one-terminal rule)."""
-        if any(ev.event_type is EventType.RUN_STARTED for ev in self.deferred):
-            self.write([])  # a run's start goes first, conditionally
+        if any(ev.event_type in (EventType.RUN_STARTED, EventType.STEP_STARTED) for ev in self.deferred):
+            self.write([])  # a run's start and held step starts go first, conditionally
         batch = [*self.deferred, *extra]
         written = guarded(lambda: self.effects.append(batch, list(deliveries), conditional=False))
         self.deferred.clear()
+        self.held_since = None
         self._absorb(written)
         self._observe(written)
         return written
@@ -460,13 +466,22 @@ class Replay:
     def _run_inline(self, cid: str, sdef: StepDef, data_input: Any, create: list[NewEvent], hint: Any) -> Any:
         self.check_deadline()  # no attempt starts past the run's deadline
         started_ev = NewEvent.of(StepStartedData(owner=self.effects.delivery_id), cid)
-        if create and self._may_hold(sdef):
-            # The first step of a run nothing has written to yet: its creation and start ride with the run's start
-            # in the delivery's next write, one round trip and one transaction fewer. The owner rule holds without
-            # the write: no other delivery of a pending run exists to race this one to the step (only this
-            # delivery's own redelivery, which owns the step anyway), and the step is new, so this is attempt 1.
+        new = [*create, started_ev]
+        hold = bool(create) and self._may_hold(sdef, new)
+        if create and not hold and self.held_since is not None and self._may_hold(sdef, new, fresh=True):
+            self.write([])  # the held batch is full or old: written on its own, this step starts the next one
+            hold = self._may_hold(sdef, new)
+        if hold:
+            # The step's creation and start ride with the delivery's next write: one round trip and one transaction
+            # fewer. The first step of a run nothing has written to yet keeps the owner rule without the write (no
+            # other delivery of a pending run exists to race this one to the step, only this delivery's own
+            # redelivery, which owns the step anyway). A step held on a World that wants batched appends gives it
+            # up: a duplicate delivery may run it too, and the conditional append records one of them (see
+            # .holding). The step is new either way, so this is attempt 1.
             self.deferred.extend([*create, started_ev])
             attempt, started_at = 1, self.effects.wall_now()
+            if self.held_since is None:
+                self.held_since = started_at
         else:
             started = self.write([*create, started_ev])[-1]
             attempt, started_at = started.data_as(StepStartedData).attempt, started.created_at
@@ -483,17 +498,18 @@ class Replay:
         self._write_now([event], [self.effects.step_delivery(sdef, cid, when)])
         raise Suspend()
 
-    def _may_hold(self, sdef: StepDef) -> bool:
-        """Whether this delivery has written nothing yet to a pending run (its only deferred event is the run's
-        start, nothing else waits to be written) and the effects let ``sdef`` start unwritten."""
-        return (
-            self.effects.defer_writes
-            and len(self.deferred) == 1
-            and self.deferred[0].event_type is EventType.RUN_STARTED
-            and not self.pending
-            and not self.pending_deliveries
-            and self.effects.may_hold_start(sdef)
-        )
+    def _may_hold(self, sdef: StepDef, new: Sequence[NewEvent], *, fresh: bool = False) -> bool:
+        """Whether ``sdef``'s creation and start (``new``) may wait for the delivery's next write: nothing but
+        deferred events waits to be written, and either this delivery has written nothing yet to a pending run (its
+        only deferred event is the run's start) and the effects let the first step start unwritten, or the effects
+        let it join the batch of held steps (``fresh``: a batch of its own, the held one written first)."""
+        if not self.effects.defer_writes or self.pending or self.pending_deliveries:
+            return False
+        if fresh:
+            return self.effects.may_batch_start(sdef, new, None)
+        if len(self.deferred) == 1 and self.deferred[0].event_type is EventType.RUN_STARTED:
+            return self.effects.may_hold_start(sdef)
+        return self.effects.may_batch_start(sdef, [*self.deferred, *new], self.held_since)
 
     # -- sleeps ----------------------------------------------------------------------------------------------------
 

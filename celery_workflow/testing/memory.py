@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TypeVar
@@ -131,10 +131,13 @@ class MemoryWorld(TemplateWorld):
         poll_interval: float = 0.05,
         clock: Callable[[], datetime] = ids.utcnow,
         append_limits: AppendLimits = MEMORY_APPEND_LIMITS,
+        batch_steps: bool = False,
     ) -> None:
-        """``append_limits``: what one append may carry (``world.NO_APPEND_LIMITS``: any batch)."""
+        """``append_limits``: what one append may carry (``world.NO_APPEND_LIMITS``: any batch). ``batch_steps``:
+        declare, as the AWS World does, that appends are paid for one by one (``AppendLimits.batch_steps``): the
+        quick inline steps of a delivery then share its appends."""
         self.poll_interval = poll_interval
-        self.append_limits = append_limits
+        self.append_limits = replace(append_limits, batch_steps=True) if batch_steps else append_limits
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._runs: dict[str, _Run] = {}

@@ -105,6 +105,9 @@ class _HistoryEffects:
     def may_hold_start(self, sdef: StepDef) -> bool:
         return False
 
+    def may_batch_start(self, sdef: StepDef, unwritten: Sequence[NewEvent], oldest: datetime | None) -> bool:
+        return False
+
     def start_child(self, wdef: WorkflowDef, run_id: str, data_input: Any, correlation_id: str) -> None:
         raise _WriteRefused([])  # a child the history has not recorded: the code would start it
 
