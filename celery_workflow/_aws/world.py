@@ -36,6 +36,7 @@ import os
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -107,7 +108,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
     max_payload: int = min(DEFAULT_MAX_PAYLOAD, (MAX_ITEM_BYTES - _ITEM_ROOM) // 2)
     #: What one append may carry: DynamoDB's 100 actions and 4 MB per transaction, as the append counts them
     #: (:data:`celery_workflow._aws.append.APPEND_LIMITS`); the runtime splits a wider fan-out into several appends.
-    append_limits: AppendLimits = APPEND_LIMITS
+    #: Every append is a paid TransactWriteItems: the quick inline steps of a delivery share them (``batch_steps``).
+    append_limits: AppendLimits = replace(APPEND_LIMITS, batch_steps=True)
 
     def __init__(self, config: AWSConfig, dynamodb_client: Any, sqs_client: Any) -> None:
         if not isinstance(config, AWSConfig):

@@ -5,6 +5,7 @@ is planned again on fresh reads; a run's end planned on it still finds the sched
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +55,9 @@ def wf(aws: Aws) -> Iterator[Workflows]:
 def test_a_delivery_reads_nothing_before_its_appends(aws: Aws, wf: Workflows) -> None:
     """Four inline steps in one delivery: each append is planned on the delivery's own read of the run (META and the
     log), advanced by the appends before it; no TransactGetItems (it was one before every append)."""
+    world = wf.world
+    assert isinstance(world, AWSWorld)
+    world.append_limits = replace(world.append_limits, batch_steps=False)  # an append per step, as it was
     made = calls(aws.dynamodb)
     handler = queue_handler(wf)
     run = wf.start("sum_of", 4)
