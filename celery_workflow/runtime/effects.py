@@ -61,6 +61,7 @@ class WorkflowEffects:
         self.defer_writes = not runtime.every_write_durable
         #: what one append may carry, and whether the World wants quick steps batched (``batch_steps``)
         self.limits = append_limits(runtime.world)
+        self._costs = holding.Costs(self.limits)
         self.replay: Replay | None = None
         #: where the inline step attempts are reported as Celery task events (None: not reported)
         self.task_events = task_events
@@ -173,5 +174,5 @@ class WorkflowEffects:
             self.defer_writes
             and self.limits.batch_steps
             and self.may_hold_start(sdef)
-            and holding.may_batch(self.limits, unwritten, oldest, self.wall_now())
+            and holding.may_batch(self._costs, unwritten, oldest, self.wall_now())
         )

@@ -40,15 +40,39 @@ MAX_HELD_STEPS = 32
 _RESULT = NewEvent.of(StepCompletedData(result=None), "step:room:1")
 
 
-def may_batch(limits: AppendLimits, unwritten: Sequence[NewEvent], oldest: datetime | None, now: datetime) -> bool:
+class Costs:
+    """What each event adds to an append under ``limits``, measured once per event (a batch is checked again for
+    every step that would join it: measuring its events each time would encode them again and again)."""
+
+    def __init__(self, limits: AppendLimits) -> None:
+        self.limits = limits
+        self._known: dict[int, tuple[NewEvent, tuple[int, int]]] = {}
+
+    def of(self, event: NewEvent) -> tuple[int, int]:
+        known = self._known.get(id(event))
+        if known is not None and known[0] is event:
+            return known[1]
+        cost = self.limits.event_cost(event)
+        self._known[id(event)] = (event, cost)
+        return cost
+
+    def fits(self, events: Sequence[NewEvent]) -> bool:
+        actions, size = self.limits.reserved_actions, self.limits.reserved_bytes
+        for event in events:
+            cost = self.of(event)
+            actions, size = actions + cost[0], size + cost[1]
+        return self.limits.fits(actions, size)
+
+
+def may_batch(costs: Costs, unwritten: Sequence[NewEvent], oldest: datetime | None, now: datetime) -> bool:
     """Whether a new quick step may be held beside ``unwritten`` (the deferred events with its own creation and start
     last): the World asks for batched steps, the oldest held start (``oldest``, None if none) is younger than
     :data:`BATCH_WINDOW` at ``now``, and the batch, with the step's result, stays within :data:`MAX_HELD_STEPS` and
-    one append of ``limits``."""
-    if not limits.batch_steps:
+    one append of the World's limits."""
+    if not costs.limits.batch_steps:
         return False
     if oldest is not None and now - oldest >= BATCH_WINDOW:
         return False
     if sum(1 for ev in unwritten if ev.event_type is EventType.STEP_STARTED) > MAX_HELD_STEPS:
         return False
-    return limits.fits(*limits.cost([*unwritten, _RESULT], []))
+    return costs.fits([*unwritten, _RESULT])

@@ -7,17 +7,25 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from celery_workflow import Workflows
 from celery_workflow.aws_lambda import queue_handler
 from celery_workflow.event_data import RunStartedData, StepCompletedData, StepCreatedData, StepStartedData
 from celery_workflow.events import EventType, NewEvent
+from celery_workflow.runtime import effects
 from celery_workflow.world import AppendLimits
 from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
 from tests.integration.test_aws_kept_snapshots import calls
 from tests.integration.test_aws_lambda import Context, invoke, sqs_event
+
+
+@pytest.fixture(autouse=True)
+def _quick_below(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick step is one that took less than 0.5 s (not 10 ms): a body descheduled on a loaded machine still is."""
+    monkeypatch.setattr(effects, "HOLD_START_BELOW", 0.5)
 
 
 def _app(world: AWSWorld) -> Workflows:

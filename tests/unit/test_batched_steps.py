@@ -27,6 +27,12 @@ def _app(*, batch: bool) -> Workflows:
     return Workflows(Celery("unit"), world=MemoryWorld(batch_steps=batch), broker="app")
 
 
+@pytest.fixture(autouse=True)
+def _quick_below(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick step is one that took less than 0.5 s (not 10 ms): a body descheduled on a loaded machine still is."""
+    monkeypatch.setattr(effects, "HOLD_START_BELOW", 0.5)
+
+
 @pytest.fixture
 def bwf() -> Iterator[Workflows]:
     workflows = _app(batch=True)
