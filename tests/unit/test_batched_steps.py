@@ -331,3 +331,32 @@ def test_a_step_not_known_quick_is_not_held(bwf: Workflows) -> None:
     _worker(bwf).run_until_complete(run)  # no step ran in this process yet: the first one starts in the World
     assert appends == [[EventType.RUN_STARTED, C, S], [D, *[C, S, D] * 9, EventType.RUN_COMPLETED]]
     assert bwf.runtime.inline_seconds["quick"] < effects.HOLD_START_BELOW
+
+
+def test_a_deadline_passed_during_held_steps_fails_the_run_with_them_recorded(bwf: Workflows) -> None:
+    flows = Flows(bwf)
+    flows.warm()
+    real = bwf.runtime.clock
+    shift = [timedelta(0)]
+    bwf.runtime.clock = lambda: real() + shift[0]
+
+    @bwf.workflow(timeout=timedelta(minutes=5))
+    def bounded(i: int) -> int:
+        for _ in range(10):
+            i = flows.quick(i)
+        return i
+
+    def late(i: int) -> None:
+        if i == 3:
+            shift[0] += timedelta(hours=1)  # the third step takes the run past its deadline
+
+    flows.during = late
+    appends = _appends(bwf)
+    run = bounded.start(1)
+    view = _worker(bwf).run_until_complete(run)
+    assert view.status is RunStatus.FAILED and view.error is not None
+    assert view.error["type"] == "celery_workflow.errors.RunTimedOut"
+    assert flows.calls == [("quick", 1), ("quick", 2), ("quick", 3)]  # the fourth step was never started
+    # the held steps that ran are written with the run's failure, in one append
+    assert appends[0] == [EventType.RUN_STARTED, *[C, S, D] * 3, EventType.RUN_FAILED]
+    _recorded_once(run)
