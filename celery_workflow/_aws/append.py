@@ -5,8 +5,9 @@ no read before the append, only a ``BatchGetItem`` of views it does not hold yet
 was refused, it reads (one ``TransactGetItems``, or ``META`` first and then the rest) the run's ``META`` item (view, event count, live hooks, created
 hook ids, outbox) and the items the batch names: its steps, waits and hooks, the owners of the tokens it claims, and
 the ``QUEUE#`` record it acks (plus, when the batch may end the run, every wait of the run). ``write`` sends ONE
-``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw, each event, each changed
-step, hook, token and wait, the run-end cleanup, the new ``QUEUE#`` records (listed in the run's outbox) and the
+``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw, the batch's events as ONE
+item (``EVENT#<first slot>``, :mod:`celery_workflow._aws.log`; several when they exceed 400 KB), each changed step,
+hook, token and wait, the run-end cleanup, the new ``QUEUE#`` records (listed in the run's outbox) and the
 deletion of the acked record (conditioned on its claim). A failed condition means another writer got there first:
 the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. The META update and the ack's
 delete return the item as it was when refused (``ReturnValuesOnConditionCheckFailure=ALL_OLD``): a refused ack
@@ -38,8 +39,6 @@ from celery_workflow._aws.append_meta import AppendTx, is_wake, live_hooks, meta
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed
 from celery_workflow._aws.items import (
     CODEC,
-    event_item,
-    event_of,
     from_item,
     hook_item,
     item_size,
@@ -52,6 +51,7 @@ from celery_workflow._aws.items import (
     view_of,
 )
 from celery_workflow._aws.kept import OUTBOX_GRACE_MICROS, Kept, KeptSnapshots
+from celery_workflow._aws.log import events_of, pack_items
 from celery_workflow._aws.queue import Receipt, Record
 from celery_workflow._aws.table import (
     MAX_ACTIONS,
@@ -247,8 +247,8 @@ class AWSAppend:
                 else:
                     snapshot.token_owners[t] = view_of("hooks", item)
         if request.ends_run:
-            first = found.get((pk, event_sk(1)))
-            snapshot.parent = parent_data([event_of(first)] if first is not None else [])
+            first = found.get((pk, event_sk(1)))  # slot 1 begins create_run's item
+            snapshot.parent = parent_data(events_of(first)[:1] if first is not None else [])
             snapshot.parent_known = True
             tx.waits = [from_item(i)["wait_id"] for i in world.table.partition(pk, "WAIT#", what="Query (waits)")]
         if receipt is not None:
@@ -506,8 +506,8 @@ class AWSAppend:
             for record in records:
                 put(record.item())
             return actions, cleanup
-        for e in plan.events:
-            put(lived(event_item(e, request.write_id)), "attribute_not_exists(pk)")
+        for item in pack_items(plan.events, request.write_id, tx.ttl):  # see celery_workflow._aws.log
+            put(item, "attribute_not_exists(pk)")
         created = created_slots(plan.events)
         for table_name, items, kind in (
             ("steps", plan.steps, EventType.STEP_CREATED),

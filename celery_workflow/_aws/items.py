@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery_workflow import ids
-from celery_workflow._aws.table import META, event_sk, hook_pk, list_sk, run_pk, step_sk, token_pk, wait_sk
+from celery_workflow._aws.table import META, hook_pk, list_sk, run_pk, step_sk, token_pk, wait_sk
 from celery_workflow._backend.records import RecordCodec
-from celery_workflow.events import Event, HookView, RunView, StepView, WaitView
+from celery_workflow.events import HookView, RunView, StepView, WaitView
 from celery_workflow.rules import RetainedToken
 
-__all__ = ["CODEC", "attr", "event_item", "hook_item", "item_size", "plain", "run_item", "value_size", "view_item"]
+__all__ = ["CODEC", "attr", "hook_item", "item_size", "plain", "run_item", "value_size", "view_item"]
 
 Item = dict[str, Any]
 
@@ -145,29 +145,6 @@ def run_item(run: RunView, *, hooks: Mapping[str, str] | None = None, record: Ma
 
 def run_of(item: Mapping[str, Any]) -> RunView:
     return CODEC.run(from_item(item))
-
-
-def event_item(e: Event, write_id: str | None = None) -> Item:
-    """An event's item; ``write_id`` tags the append that wrote it (so a retry can recognise its own commit)."""
-    run_id, slot, kind, cid, data, created = CODEC.event_record(e)
-    return to_item(
-        {
-            "write_id": write_id,
-            "pk": run_pk(run_id),
-            "sk": event_sk(slot),
-            "run_id": run_id,
-            "slot": slot,
-            "event_type": kind,
-            "correlation_id": cid,
-            "data": data,
-            "created_at": created,
-        }
-    )
-
-
-def event_of(item: Mapping[str, Any]) -> Event:
-    v = from_item(item)
-    return CODEC.event((v["run_id"], v["slot"], v["event_type"], v.get("correlation_id"), v["data"], v["created_at"]))
 
 
 def view_item(table: str, view: StepView | WaitView, created_slot: int | None) -> Item:

@@ -4,7 +4,7 @@
 item                               ``pk``                   ``sk``
 =================================  =======================  ====================================================
 run view and event count           ``RUN#<runId>``          ``META``
-event                              ``RUN#<runId>``          ``EVENT#<slot, 26 digits>``
+events of one append               ``RUN#<runId>``          ``EVENT#<slot of its first event, 26 digits>``
 step view                          ``RUN#<runId>``          ``STEP#<stepId>``
 wait view                          ``RUN#<runId>``          ``WAIT#<waitId>``
 stream state                       ``RUN#<runId>``          ``STREAM#<base64url(name)>``
@@ -15,7 +15,9 @@ queue record                       ``QUEUE#<deliveryId>``   ``META``
 workflow schedule                  ``SCHEDULES``            ``SCHEDULE#<scheduleId>``
 =================================  =======================  ====================================================
 
-Hook ids are per run here (``hook:1``, ``hook:2`` … in every run), so the hook item's key carries the run id: the
+The events of one append are one item (:mod:`celery_workflow._aws.log`: several at consecutive first slots when they
+exceed an item; items of earlier versions, one event each, read as packs of one), so an event is found by the newest
+``EVENT#`` key at or below its slot. Hook ids are per run here (``hook:1``, ``hook:2`` … in every run), so the hook item's key carries the run id: the
 seed's ``HOOK#<hookId>`` would make two runs' first hooks one item. Indexes (both project only the keys and
 ``status``): ``list`` (``list_pk`` = ``RUNS`` or ``HOOKS``) and ``list_group`` (``list_group_pk`` =
 ``RUNS#<workflow>`` or ``HOOKS#<runId>``), sorted by ``<createdAt, 16 digits of µs>#<id>``. Index membership is

@@ -48,7 +48,6 @@ from celery_workflow._aws.config import AWSConfig, QueueConfig
 from celery_workflow._aws.dead_letters import SQSDeadLetters
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed, Table
 from celery_workflow._aws.items import (
-    event_item,
     from_item,
     item_size,
     retained_of,
@@ -58,6 +57,7 @@ from celery_workflow._aws.items import (
     view_of,
 )
 from celery_workflow._aws.kept import Kept
+from celery_workflow._aws.log import pack_items, read_events
 from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
@@ -201,8 +201,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
             )
         actions: list[dict[str, Any]] = [
             {"Put": {"TableName": self.table.name, "Item": meta, "ConditionExpression": "attribute_not_exists(pk)"}},
-            {"Put": {"TableName": self.table.name, "Item": event_item(first)}},
         ]
+        actions += [{"Put": {"TableName": self.table.name, "Item": item}} for item in pack_items([first])]
         actions += [{"Put": {"TableName": self.table.name, "Item": r.item()}} for r in records]
         try:
             self.table.transact("TransactWriteItems (create_run)", actions)
@@ -315,23 +315,9 @@ class AWSWorld(TemplateWorld, StoreStreams):
         return Page(items, page[-1][1] if len(positions) > limit and page else None)
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
-        from celery_workflow._aws.items import event_of
-        from celery_workflow._aws.table import event_sk
-
-        out: list[Event] = []
-        if limit is None or limit > 0:
-            query: dict[str, Any] = {
-                "KeyConditionExpression": "pk = :pk AND sk BETWEEN :from AND :to",
-                "ExpressionAttributeValues": {
-                    ":pk": {"S": run_pk(run_id)},
-                    ":from": {"S": event_sk(after_slot + 1)},
-                    ":to": {"S": "EVENT#" + "9" * 26},
-                },
-            }
-            for item in self.table.query("Query (events)", **query):
-                out.append(event_of(item))
-                if limit is not None and len(out) >= limit:
-                    break
+        """The run's events after ``after_slot``, from its ``EVENT#`` items (an append's events in one item, or an
+        earlier version's single event: :mod:`celery_workflow._aws.log`)."""
+        out = read_events(self.table, run_id, after_slot=after_slot, limit=limit)
         if not out:
             self._meta(run_id)
         return out

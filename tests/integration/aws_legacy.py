@@ -1,0 +1,44 @@
+"""The AWS World's items as versions before packed events wrote them (issue #31, item 2), for the compatibility
+tests: one item per event, and a step's ``STEP#`` view item. The builders are the earlier code's, kept here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_workflow._aws.items import CODEC, to_item
+from celery_workflow._aws.table import event_sk, run_pk
+from celery_workflow.events import Event
+
+__all__ = ["rewrite_as_single_events", "single_event_item"]
+
+
+def single_event_item(e: Event, write_id: str | None = None) -> dict[str, Any]:
+    """An event's item as earlier versions wrote it (``items.event_item`` before packs)."""
+    run_id, slot, kind, cid, data, created = CODEC.event_record(e)
+    return to_item(
+        {
+            "write_id": write_id,
+            "pk": run_pk(run_id),
+            "sk": event_sk(slot),
+            "run_id": run_id,
+            "slot": slot,
+            "event_type": kind,
+            "correlation_id": cid,
+            "data": data,
+            "created_at": created,
+        }
+    )
+
+
+def rewrite_as_single_events(dynamodb: Any, table: str, run_id: str, events: list[Event]) -> None:
+    """Replace a run's ``EVENT#`` items by one item per event, as an earlier version would have written its log."""
+    items = dynamodb.query(
+        TableName=table,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :e)",
+        ExpressionAttributeValues={":pk": {"S": run_pk(run_id)}, ":e": {"S": "EVENT#"}},
+        ConsistentRead=True,
+    )["Items"]
+    for item in items:
+        dynamodb.delete_item(TableName=table, Key={"pk": item["pk"], "sk": item["sk"]})
+    for e in events:
+        dynamodb.put_item(TableName=table, Item=single_event_item(e))
