@@ -2,14 +2,15 @@
 
 ``load`` plans on what the delivery read of its run when this process kept it (:mod:`celery_workflow._aws.kept`:
 no read before the append, only a ``BatchGetItem`` of views it does not hold yet); otherwise, or when that guess
-was refused, it reads (one ``TransactGetItems``, or ``META`` first and then the rest) the run's ``META`` item (view, event count, live hooks, created
-hook ids, outbox) and the items the batch names: its steps, waits and hooks, the owners of the tokens it claims, and
-the ``QUEUE#`` record it acks (plus, when the batch may end the run, every wait of the run). ``write`` sends ONE
-``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw, the batch's events as ONE
-item (``EVENT#<first slot>``, :mod:`celery_workflow._aws.log`; several when they exceed 400 KB), each changed step,
-hook, token and wait, the run-end cleanup, the new ``QUEUE#`` records (listed in the run's outbox) and the
-deletion of the acked record (conditioned on its claim). A failed condition means another writer got there first:
-the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. The META update and the ack's
+was refused, it reads (one ``TransactGetItems``, or ``META`` first and then the rest) the run's ``META`` item (view,
+event count, live hooks, created hook ids, outbox) and the items the batch names: its waits and hooks, the owners of
+the tokens it claims, and the ``QUEUE#`` record it acks (plus, when the batch may end the run, every wait of the
+run); the views of the steps it names come from the log up to META's event count (one ``Query``: steps have no
+items). ``write`` sends ONE ``TransactWriteItems``: the ``META`` update conditioned on the event count ``load`` saw,
+the batch's events as ONE item (``EVENT#<first slot>``, :mod:`celery_workflow._aws.log`; several when they exceed
+400 KB), each changed hook, token and wait, the run-end cleanup, the new ``QUEUE#`` records (listed in the run's
+outbox) and the deletion of the acked record (conditioned on its claim). A failed condition means another writer got
+there first: the template's ``StaleSnapshot``, retried here with jittered backoff on fresh reads. The META update and the ack's
 delete return the item as it was when refused (``ReturnValuesOnConditionCheckFailure=ALL_OLD``): a refused ack
 tells a record acked already from one claimed again, and a refused META tells whether the refused batch was this
 request's own lost commit (META names the last append in ``write_id``) without reading its events. After the commit the new
@@ -51,7 +52,7 @@ from celery_workflow._aws.items import (
     view_of,
 )
 from celery_workflow._aws.kept import OUTBOX_GRACE_MICROS, Kept, KeptSnapshots
-from celery_workflow._aws.log import events_of, pack_items
+from celery_workflow._aws.log import events_of, pack_items, read_events, step_views
 from celery_workflow._aws.queue import Receipt, Record
 from celery_workflow._aws.table import (
     MAX_ACTIONS,
@@ -62,7 +63,6 @@ from celery_workflow._aws.table import (
     hook_pk,
     queue_pk,
     run_pk,
-    step_sk,
     token_pk,
     wait_sk,
 )
@@ -91,35 +91,31 @@ MAX_TRANSACTION_BYTES = 4_000_000
 #: hooks (and their tokens) and waits, which no batch names; what does not fit is deleted right after the commit.
 RUN_END_ROOM = 50
 #: What one append may carry, as ``write`` counts it (an upper bound of each): the META update, the ack's delete and
-#: a run end's expiry record in every transaction; per event its item and the view, hook or token items it changes
-#: (a step or wait event 2, a hook's creation or disposal 3: the hook and its token); per delivery its ``QUEUE#``
-#: record. Bytes: the META item whole, each event's data twice (its item and the view that copies it; three times for
-#: a hook: the hook and its token) plus room for the items' other attributes, an update of an existing view counted
-#: as the whole item it may be; each delivery's payload plus its record's attributes.
+#: a run end's expiry record in every transaction; per event at most one item of the append's events (they share one,
+#: several only past 400 KB) and the view, hook or token items it changes (a step event none: steps have no items; a
+#: wait event 1, a hook's creation or disposal 2: the hook and its token); per delivery its ``QUEUE#`` record. Bytes:
+#: the META item whole, each event's data once in the events' item and again in each view that copies it (a wait's,
+#: a hook's and its token's) plus room for its other attributes, an update of an existing wait counted as the whole
+#: item it may be; each delivery's payload plus its record's attributes.
 APPEND_LIMITS = AppendLimits(
     max_actions=MAX_ACTIONS,
     max_bytes=MAX_TRANSACTION_BYTES,
     reserved_actions=3,
     reserved_bytes=MAX_ITEM_BYTES + 8 * 1024,
     event_actions={
-        **{kind.value: 2 for kind in EventType if kind.value.startswith(("step_", "wait_"))},
+        **{kind.value: 1 for kind in EventType if kind.value.startswith("step_")},
+        **{kind.value: 2 for kind in EventType if kind.value.startswith("wait_")},
         **{kind.value: RUN_END_ROOM for kind in RUN_END_STATUS},
         EventType.RUN_STARTED.value: 1,
         EventType.HOOK_RECEIVED.value: 1,
     },
     default_event_actions=3,
-    event_copies={EventType.HOOK_CREATED.value: 3},
-    default_event_copies=2,
-    event_overhead={
-        kind.value: MAX_ITEM_BYTES
-        for kind in (
-            EventType.STEP_STARTED,
-            EventType.STEP_COMPLETED,
-            EventType.STEP_FAILED,
-            EventType.STEP_RETRYING,
-            EventType.WAIT_COMPLETED,
-        )
+    event_copies={
+        EventType.HOOK_CREATED.value: 3,
+        **{kind.value: 1 for kind in EventType if kind.value.startswith("step_")},
     },
+    default_event_copies=2,
+    event_overhead={EventType.WAIT_COMPLETED.value: MAX_ITEM_BYTES},
     default_event_overhead=8 * 1024,
     delivery_overhead=2 * 1024,
 )
@@ -205,7 +201,6 @@ class AWSAppend:
         if kept is not None and not fresh and request.batch and not keys.tokens and not kept.schedules:
             return self._guess(tx, request, kept, receipt)
         wanted: list[dict[str, str]] = []
-        wanted += [{"pk": pk, "sk": step_sk(s)} for s in keys.steps]
         wanted += [{"pk": pk, "sk": wait_sk(w)} for w in keys.waits]
         wanted += [{"pk": hook_pk(run_id, h), "sk": META} for h in keys.hooks]
         wanted += [{"pk": token_pk(t), "sk": META} for t in keys.tokens]
@@ -231,9 +226,9 @@ class AWSAppend:
         tx.schedules = set(stored.get("schedules") or ())
         tx.pending_wake = stored.get("pending_wake")
         tx.stale_outbox = any(int(t) < ids.to_micros(ids.utcnow()) - OUTBOX_GRACE_MICROS for t in outbox.values())
-        for s in keys.steps:
-            if (item := found.get((pk, step_sk(s)))) is not None:
-                snapshot.steps[s] = view_of("steps", item)
+        if keys.steps:  # no step items: the views the log gives (kept, or read up to META's event count)
+            views = tx.kept.snapshot.steps if tx.kept is not None else self._step_views(run_id, run.event_count)
+            snapshot.steps.update({s: views[s] for s in keys.steps if s in views})
         for w in keys.waits:
             if (item := found.get((pk, wait_sk(w)))) is not None:
                 snapshot.waits[w] = view_of("waits", item)
@@ -268,17 +263,12 @@ class AWSAppend:
         the META read it was made from), assume the acked claim is still the record's (its delete is conditioned on
         it), and let the write's conditions refuse a stale guess (see celery_workflow._aws.kept)."""
         run_id = request.run_id
-        steps, waits, hooks = kept.missing(request.keys)
-        keys = [{"pk": run_pk(run_id), "sk": step_sk(s)} for s in steps]
-        keys += [{"pk": run_pk(run_id), "sk": wait_sk(w)} for w in waits]
+        waits, hooks = kept.missing(request.keys)
+        keys = [{"pk": run_pk(run_id), "sk": wait_sk(w)} for w in waits]
         keys += [{"pk": hook_pk(run_id, h), "sk": META} for h in hooks]
         snapshot = kept.snapshot
         for item in self.world.table.get_many(keys) if keys else ():
-            sk = item["sk"]["S"]
-            if sk.startswith("STEP#"):
-                view = view_of("steps", item)
-                snapshot.steps[view.step_id] = view
-            elif sk.startswith("WAIT#"):
+            if item["sk"]["S"].startswith("WAIT#"):
                 view = view_of("waits", item)
                 snapshot.waits[view.wait_id] = view
             else:
@@ -293,6 +283,11 @@ class AWSAppend:
             tx.waits = sorted(kept.waits | set(snapshot.waits))
         tx.ack = receipt
         return Loaded(snapshot, guess=True)
+
+    def _step_views(self, run_id: str, count: int) -> dict[str, Any]:
+        """Every step's view, from the run's log up to event ``count`` (META's, read before: the log's events up to it
+        are the ones it counts)."""
+        return step_views(read_events(self.world.table, run_id, limit=count))
 
     def _keep(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan, records: list[Record]) -> None:
         """Give back the kept snapshot, advanced by the written plan."""
@@ -509,21 +504,16 @@ class AWSAppend:
         for item in pack_items(plan.events, request.write_id, tx.ttl):  # see celery_workflow._aws.log
             put(item, "attribute_not_exists(pk)")
         created = created_slots(plan.events)
-        for table_name, items, kind in (
-            ("steps", plan.steps, EventType.STEP_CREATED),
-            ("waits", plan.waits, EventType.WAIT_CREATED),
-        ):
-            for item_id, view in items.items():
-                slot = created.get((kind, item_id))
-                if slot is not None:
-                    put(lived(view_item(table_name, view, slot)), "attribute_not_exists(pk)")
-                    continue
-                values = CODEC.record(table_name, view, created_slot=None)
-                sk = step_sk(item_id) if table_name == "steps" else wait_sk(item_id)
-                changed = {c: typed(values[c]) for c in MUTABLE[table_name]}
-                if tx.ttl is not None:
-                    changed[TTL_ATTRIBUTE] = {"N": str(tx.ttl)}
-                actions.append(update_action(table, {"pk": pk, "sk": sk}, changed, "attribute_exists(pk)"))
+        for wait_id, view in plan.waits.items():  # steps have no items: their views are the log's
+            slot = created.get((EventType.WAIT_CREATED, wait_id))
+            if slot is not None:
+                put(lived(view_item("waits", view, slot)), "attribute_not_exists(pk)")
+                continue
+            values = CODEC.record("waits", view, created_slot=None)
+            changed = {c: typed(values[c]) for c in MUTABLE["waits"]}
+            if tx.ttl is not None:
+                changed[TTL_ATTRIBUTE] = {"N": str(tx.ttl)}
+            actions.append(update_action(table, {"pk": pk, "sk": wait_sk(wait_id)}, changed, "attribute_exists(pk)"))
         released = {hook.token: hook_id for hook_id, hook in plan.hooks_deleted.items()}  # token -> its hook here
         deleted = set(plan.hooks_deleted)
         if plan.run_ended:  # every live hook of the run goes, not only those the batch named

@@ -2,11 +2,12 @@
 
 A delivery reads its run before it replays it (:meth:`~celery_workflow._aws.world.AWSWorld.get_run_with_events`: the
 ``META`` item, then the log up to META's event count). That read is kept as a :class:`Kept`: the run's view, its live
-hooks and their tokens, created hook ids, token retentions, scheduled records and pending wake-up (all from META), and
-which steps and waits exist (their ``*_created`` events in the log). The delivery's appends are planned on it
-(``Loaded.guess``) instead of a ``TransactGetItems`` before each: views a batch names that the kept snapshot does not
-hold yet (a step created by an earlier delivery) are read with one consistent ``BatchGetItem`` after it, which is
-no older than the META read. After each write the kept snapshot is advanced by the plan
+hooks and their tokens, created hook ids, token retentions, scheduled records and pending wake-up (all from META),
+every step's view (folded from the log: there are no step items, :func:`celery_workflow._aws.log.step_views`) and
+which waits exist (their ``wait_created`` events). The delivery's appends are planned on it
+(``Loaded.guess``) instead of a ``TransactGetItems`` before each: wait and hook views a batch names that the kept
+snapshot does not hold yet are read with one consistent ``BatchGetItem`` after it, which is no older than the META
+read. After each write the kept snapshot is advanced by the plan
 (:func:`celery_workflow.rules.advance`), so a run's inline steps read nothing more.
 
 Why a stale kept snapshot never commits: the META update is conditioned on the event count it was planned on, and
@@ -27,6 +28,7 @@ from typing import Any
 
 from celery_workflow import ids, rules
 from celery_workflow._aws.items import CODEC, from_item, retentions_of
+from celery_workflow._aws.log import step_views
 from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.recent import Recent
 from celery_workflow.events import Event, EventType
@@ -43,7 +45,6 @@ class Kept:
 
     snapshot: rules.Snapshot  # the run, the views known so far, created hook ids, retentions
     hooks: dict[str, str]  # live hooks: id -> token (META ``hooks``)
-    steps: set[str] = field(default_factory=set)  # every step of the run (STEP# items)
     waits: set[str] = field(default_factory=set)  # every wait of the run (WAIT# items)
     schedules: frozenset[str] = frozenset()  # records sent through the Scheduler (META ``schedules``)
     pending_wake: str | None = None  # META ``pending_wake``
@@ -67,18 +68,17 @@ class Kept:
         kept = cls(snapshot, {str(k): str(v) for k, v in (stored.get("hooks") or {}).items()})
         kept.schedules = frozenset(str(s) for s in stored.get("schedules") or ())
         kept.pending_wake = stored.get("pending_wake")
+        snapshot.steps = step_views(events)  # every step: a batch naming one needs no read
         for e in events:
-            if e.event_type is EventType.STEP_CREATED and e.correlation_id is not None:
-                kept.steps.add(e.correlation_id)
-            elif e.event_type is EventType.WAIT_CREATED and e.correlation_id is not None:
+            if e.event_type is EventType.WAIT_CREATED and e.correlation_id is not None:
                 kept.waits.add(e.correlation_id)
         return kept
 
-    def missing(self, keys: rules.Keys) -> tuple[list[str], list[str], list[str]]:
-        """The steps, waits and live hooks ``keys`` names that exist but whose views are not held: to read."""
+    def missing(self, keys: rules.Keys) -> tuple[list[str], list[str]]:
+        """The waits and live hooks ``keys`` names that exist but whose views are not held: to read (every step's
+        view is held)."""
         s = self.snapshot
         return (
-            sorted(k for k in keys.steps if k in self.steps and k not in s.steps),
             sorted(k for k in keys.waits if k in self.waits and k not in s.waits),
             sorted(k for k in keys.hooks if k in self.hooks and k not in s.hooks),
         )
@@ -86,8 +86,7 @@ class Kept:
     def advanced(self, plan: rules.Plan, hooks: dict[str, str], schedules: frozenset[str], wake: str | None) -> Kept:
         """The kept snapshot once ``plan`` is written (its live hooks, scheduled records and pending wake-up as the
         write left them)."""
-        kept = Kept(rules.advance(self.snapshot, plan), hooks, set(self.steps), set(self.waits), schedules, wake)
-        kept.steps.update(plan.steps)
+        kept = Kept(rules.advance(self.snapshot, plan), hooks, set(self.waits), schedules, wake)
         kept.waits.update(plan.waits)
         return kept
 

@@ -1,4 +1,5 @@
-"""The AWS World's event log: the events of one append in one item (not part of the public API).
+"""The AWS World's event log: the events of one append in one item, and the step views the log gives (not part of
+the public API).
 
 **Packs.** An append's events are written as ONE item, ``pk=RUN#<runId>``, ``sk=EVENT#<slot of its first event, 26
 digits>`` (:func:`pack_items`), instead of one item per event: DynamoDB bills a transactional write 2 write units
@@ -20,20 +21,34 @@ one item (:func:`read_events`).
 **Items of earlier versions** (one event per item: ``run_id``, ``slot``, ``event_type``, ``correlation_id``,
 ``data``, ``created_at``) are read as packs of one (:func:`events_of`): tables written before packs need no
 migration. An earlier version cannot read packs: upgrade every writer and reader of a table together.
+
+**Step views** are not stored (no ``STEP#`` items): :func:`step_views` folds them from the log, with the transitions
+of :mod:`celery_workflow.rules` (whose checks the log passed when it was written). A delivery reads its run's whole
+log anyway (:mod:`celery_workflow._aws.kept` keeps every step's view from it); ``get_step``, ``list_steps`` and an
+append planned on fresh reads that names steps read the log (one ``Query``) instead of ``STEP#`` items. ``STEP#``
+items that earlier versions wrote are not read (the log is the truth) and go with the run's partition at its expiry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from celery_workflow import ids
 from celery_workflow._aws.items import CODEC, item_size, plain, value_size
 from celery_workflow._aws.table import MAX_ITEM_BYTES, TTL_ATTRIBUTE, event_sk, run_pk
 from celery_workflow.errors import EventTooLarge
-from celery_workflow.events import Event
+from celery_workflow.event_data import (
+    StepCompletedData,
+    StepCreatedData,
+    StepFailedData,
+    StepRetryingData,
+    StepStartedData,
+)
+from celery_workflow.events import STEP_EVENTS, Event, EventType, StepStatus, StepView
 
-__all__ = ["EVENTS", "events_of", "last_slot", "pack_items", "read_events"]
+__all__ = ["EVENTS", "events_of", "last_slot", "pack_items", "read_events", "step_views"]
 
 Item = dict[str, Any]
 
@@ -159,3 +174,68 @@ def read_events(table: Any, run_id: str, *, after_slot: int = 0, limit: int | No
             if limit is not None and len(out) >= limit:
                 break
     return out if limit is None else out[:limit]
+
+
+def step_views(events: Iterable[Event]) -> dict[str, StepView]:
+    """Every step's view as the log leaves it, by step id in creation order: the transitions of
+    :mod:`celery_workflow.rules` (``_State._step_event``) replayed without their checks, which the log passed when it
+    was written."""
+    steps: dict[str, StepView] = {}
+    for e in events:
+        kind = e.event_type
+        if kind not in STEP_EVENTS or e.correlation_id is None:
+            continue
+        sid, now = e.correlation_id, e.created_at
+        if kind is EventType.STEP_CREATED:
+            created = e.data_as(StepCreatedData)
+            steps[sid] = StepView(
+                run_id=e.run_id,
+                step_id=sid,
+                step_name=created.step_name,
+                status=StepStatus.PENDING,
+                input=created.input,
+                queue=created.queue,
+                created_at=now,
+                updated_at=now,
+            )
+            continue
+        step = steps.get(sid)
+        if step is None:  # pragma: no cover - the rules write no step event before its step_created
+            continue
+        if kind is EventType.STEP_STARTED:
+            steps[sid] = dataclasses.replace(
+                step,
+                status=StepStatus.RUNNING,
+                attempt=step.attempt + 1,
+                owner=e.data_as(StepStartedData).owner,
+                started_at=step.started_at or now,
+                retry_after=None,
+                updated_at=now,
+            )
+        elif kind is EventType.STEP_RETRYING:
+            retrying = e.data_as(StepRetryingData)
+            steps[sid] = dataclasses.replace(
+                step,
+                status=StepStatus.PENDING,
+                error=retrying.error,
+                retry_after=retrying.retry_after,
+                owner=None,
+                updated_at=now,
+            )
+        elif kind is EventType.STEP_COMPLETED:
+            steps[sid] = dataclasses.replace(
+                step,
+                status=StepStatus.COMPLETED,
+                output=e.data_as(StepCompletedData).result,
+                completed_at=now,
+                updated_at=now,
+            )
+        else:
+            steps[sid] = dataclasses.replace(
+                step,
+                status=StepStatus.FAILED,
+                error=e.data_as(StepFailedData).error,
+                completed_at=now,
+                updated_at=now,
+            )
+    return steps

@@ -5,7 +5,6 @@ item                               ``pk``                   ``sk``
 =================================  =======================  ====================================================
 run view and event count           ``RUN#<runId>``          ``META``
 events of one append               ``RUN#<runId>``          ``EVENT#<slot of its first event, 26 digits>``
-step view                          ``RUN#<runId>``          ``STEP#<stepId>``
 wait view                          ``RUN#<runId>``          ``WAIT#<waitId>``
 stream state                       ``RUN#<runId>``          ``STREAM#<base64url(name)>``
 stream chunk                       ``RUN#<runId>``          ``CHUNK#<base64url(name)>#<index, 10 digits>``
@@ -17,7 +16,10 @@ workflow schedule                  ``SCHEDULES``            ``SCHEDULE#<schedule
 
 The events of one append are one item (:mod:`celery_workflow._aws.log`: several at consecutive first slots when they
 exceed an item; items of earlier versions, one event each, read as packs of one), so an event is found by the newest
-``EVENT#`` key at or below its slot. Hook ids are per run here (``hook:1``, ``hook:2`` … in every run), so the hook item's key carries the run id: the
+``EVENT#`` key at or below its slot. Steps have no items: their views are folded from the log (``STEP#<stepId>``
+items that earlier versions wrote are not read, and are deleted with their run's partition).
+
+Hook ids are per run here (``hook:1``, ``hook:2`` … in every run), so the hook item's key carries the run id: the
 seed's ``HOOK#<hookId>`` would make two runs' first hooks one item. Indexes (both project only the keys and
 ``status``): ``list`` (``list_pk`` = ``RUNS`` or ``HOOKS``) and ``list_group`` (``list_group_pk`` =
 ``RUNS#<workflow>`` or ``HOOKS#<runId>``), sorted by ``<createdAt, 16 digits of µs>#<id>``. Index membership is

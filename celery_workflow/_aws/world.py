@@ -57,12 +57,12 @@ from celery_workflow._aws.items import (
     view_of,
 )
 from celery_workflow._aws.kept import Kept
-from celery_workflow._aws.log import pack_items, read_events
+from celery_workflow._aws.log import pack_items, read_events, step_views
 from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
-from celery_workflow._aws.table import MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, hook_pk, run_pk, step_sk, token_pk
+from celery_workflow._aws.table import MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, hook_pk, run_pk, token_pk
 from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreStreams, TemplateWorld
 from celery_workflow._backend.checks import check_deliveries
@@ -323,14 +323,18 @@ class AWSWorld(TemplateWorld, StoreStreams):
         return out
 
     def get_step(self, run_id: str, step_id: str) -> StepView:
-        item = self.table.get({"pk": run_pk(run_id), "sk": step_sk(step_id)})
-        if item is None:
-            self._meta(run_id)
+        """The step's view as the run's log leaves it (no step items: :mod:`celery_workflow._aws.log`)."""
+        step = self._step_views(run_id).get(step_id)
+        if step is None:
             raise StepNotFound(f"step {step_id} of run {run_id} does not exist")
-        return view_of("steps", item)  # type: ignore[no-any-return]
+        return step
+
+    def _step_views(self, run_id: str) -> dict[str, StepView]:
+        """Every step's view, folded from the run's log (one Query); RunNotFound for a run that does not exist."""
+        return step_views(self.list_events(run_id))
 
     def _in_partition(self, run_id: str, table: str, prefix: str) -> list[Any]:
-        """The step or wait views of a run, in creation order (their creation events' slots)."""
+        """The wait views of a run, in creation order (their creation events' slots)."""
         items = list(self.table.partition(run_pk(run_id), prefix, what=f"Query ({table})"))
         if not items:
             self._meta(run_id)
@@ -338,7 +342,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
         return [view_of(table, i) for i in items]
 
     def list_steps(self, run_id: str) -> list[StepView]:
-        return self._in_partition(run_id, "steps", "STEP#")
+        """The steps in creation order, from the log (``STEP#`` items of earlier versions are not read)."""
+        return list(self._step_views(run_id).values())
 
     def get_hook_by_token(self, token: str) -> HookView:
         item = self.table.get({"pk": token_pk(token), "sk": META})

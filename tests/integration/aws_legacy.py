@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery_workflow._aws.items import CODEC, to_item
+from celery_workflow._aws.items import CODEC, to_item, view_item
 from celery_workflow._aws.table import event_sk, run_pk
-from celery_workflow.events import Event
+from celery_workflow.events import Event, StepView
 
-__all__ = ["rewrite_as_single_events", "single_event_item"]
+__all__ = ["rewrite_as_single_events", "single_event_item", "step_item"]
 
 
 def single_event_item(e: Event, write_id: str | None = None) -> dict[str, Any]:
@@ -42,3 +42,8 @@ def rewrite_as_single_events(dynamodb: Any, table: str, run_id: str, events: lis
         dynamodb.delete_item(TableName=table, Key={"pk": item["pk"], "sk": item["sk"]})
     for e in events:
         dynamodb.put_item(TableName=table, Item=single_event_item(e))
+
+
+def step_item(view: StepView, created_slot: int) -> dict[str, Any]:
+    """A step's ``STEP#`` view item as earlier versions wrote it (no version since issue #31, item 2 writes one)."""
+    return view_item("steps", view, created_slot)

@@ -144,7 +144,6 @@ def test_items_past_their_time_to_live_are_gone_for_readers(aws: Aws) -> None:
             ExpressionAttributeValues={":t": {"N": str(int(time.time()) - 60)}},
         )
 
-    expire("STEP#s1")
     expire(f"EVENT#{3:026d}")
     assert [e.slot for e in world.list_events(run.run_id)] == [1, 2]
     assert world.list_steps(run.run_id) == []

@@ -182,7 +182,6 @@ def test_the_table_is_laid_out_as_the_seed_says(aws: Aws) -> None:
     assert keys == {
         ("RUN#wrun_layout", "META"),
         *{("RUN#wrun_layout", f"EVENT#{n:026d}") for n in (1, 2, 3)},  # the append of three events: one item
-        ("RUN#wrun_layout", "STEP#step:a:1"),
         ("RUN#wrun_layout", "WAIT#wait:1"),
         ("RUN#wrun_layout", "STREAM#cHJvZ3Jlc3M"),
         ("RUN#wrun_layout", "CHUNK#cHJvZ3Jlc3M#0000000000"),
@@ -257,11 +256,17 @@ def test_an_item_over_400_kb_is_event_invalid_and_writes_nothing(aws: Aws) -> No
 def test_transaction_and_stream_limits(aws: Aws) -> None:
     world = aws.world()
     run = create(world, started=True)
-    with pytest.raises(EventInvalid, match="at most 100"):
-        world.append(run.run_id, [step_created(f"s{i}") for i in range(101)])
-    with pytest.raises(EventInvalid, match="at most 100"):  # 2 (run, events) + 50 steps + 50 deliveries
-        world.append(run.run_id, [step_created(f"s{i}") for i in range(50)], deliveries=[Delivery("celery", b"x")] * 50)
-    assert world.get_run(run.run_id).event_count == 2
+    due = ids.isoformat(ids.utcnow())
+    with pytest.raises(EventInvalid, match="at most 100"):  # the run, the events' item and 99 waits
+        world.append(run.run_id, [ev(EventType.WAIT_CREATED, f"w{i}", resume_at=due) for i in range(99)])
+    with pytest.raises(EventInvalid, match="at most 100"):  # 2 (run, events) + 50 waits + 50 deliveries
+        world.append(
+            run.run_id,
+            [ev(EventType.WAIT_CREATED, f"w{i}", resume_at=due) for i in range(50)],
+            deliveries=[Delivery("celery", b"x")] * 50,
+        )
+    world.append(run.run_id, [step_created(f"s{i}") for i in range(101)])  # steps have no items: one for all
+    assert world.get_run(run.run_id).event_count == 103
     with pytest.raises(EventInvalid, match="at most 99 chunks"):
         world.write_stream(run.run_id, "s", [b"b1x"] * 100)
     assert world.write_stream(run.run_id, "s", [b"b1x"] * 99) == 99
