@@ -323,8 +323,11 @@ class AWSWorld(TemplateWorld, StoreStreams):
         return out
 
     def get_step(self, run_id: str, step_id: str) -> StepView:
-        """The step's view as the run's log leaves it (no step items: :mod:`celery_workflow._aws.log`)."""
-        step = self._step_views(run_id).get(step_id)
+        """The step's view as the run's log leaves it (no step items: :mod:`celery_workflow._aws.log`). The run is read
+        as a delivery reads it (:meth:`get_run_with_events`: META, then the log), so a queued step's delivery, which
+        reads its step and then appends its outcome, plans that append on what it read."""
+        _, log = self.get_run_with_events(run_id)
+        step = step_views(log).get(step_id)
         if step is None:
             raise StepNotFound(f"step {step_id} of run {run_id} does not exist")
         return step

@@ -83,3 +83,18 @@ def test_step_items_of_earlier_versions_are_not_read_and_expire_with_the_run(
     assert world.expire_run(Record(f"expire-{run.run_id}", "celery", b"", run.run_id, later, "expire")) is None
     left = partition(aws, run.run_id)
     assert "STEP#a" not in left and all(TTL_ATTRIBUTE in item for item in left.values())
+
+
+def test_a_step_read_plans_the_next_append_without_reading_again(aws: Aws) -> None:
+    """A queued step's delivery reads its step (``get_step``: META and the log, as a delivery reads its run) and then
+    appends its outcome: planned on that read, with no read of its own."""
+    world = aws.world()
+    run = create(world, started=True)
+    world.append(run.run_id, [step_created("a")])
+    reader = aws.world()
+    made: list[str] = []
+    aws.dynamodb.meta.events.register("after-call.dynamodb", lambda model, **_: made.append(model.name))
+    assert reader.get_step(run.run_id, "a").status is StepStatus.PENDING
+    assert made == ["GetItem", "Query"]
+    reader.append(run.run_id, [ev(EventType.STEP_STARTED, "a"), ev(EventType.STEP_COMPLETED, "a", result=3)])
+    assert made == ["GetItem", "Query", "TransactWriteItems"]
