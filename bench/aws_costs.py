@@ -58,36 +58,10 @@ class Measured:
     shape: Shape
     usage: Any  # celery_workflow.aws_costs.Usage
     seconds: float
-    packed_event_units: float  # the write units of the same events, one item per transaction
 
     @property
     def steps(self) -> int:
         return self.shape.steps * self.shape.runs
-
-
-class EventPacking:
-    """Watches the World's transactions and prices their events as if each transaction wrote them as one item (an
-    ``EVENTS#<first slot>`` item holding the append's events): the projection of a layout that would cost less."""
-
-    def __init__(self) -> None:
-        self.units = 0.0
-
-    def attach(self, client: Any) -> None:
-        client.meta.events.register("provide-client-params.dynamodb.TransactWriteItems", self._seen)
-
-    def _seen(self, params: dict[str, Any], **_: Any) -> None:
-        from celery_workflow._aws.billing import write_units
-        from celery_workflow._aws.items import item_size
-
-        sizes = [
-            item_size(body["Item"])
-            for entry in params.get("TransactItems", [])
-            for action, body in entry.items()
-            if action == "Put" and body["Item"].get("sk", {}).get("S", "").startswith("EVENT#")
-        ]
-        if sizes:
-            key_overhead = 40  # the repeated pk/sk of all but one event, roughly
-            self.units += write_units(sum(sizes) - key_overhead * (len(sizes) - 1), transactional=True)
 
 
 def _clients(endpoint: str, counter: Any) -> dict[str, Any]:
@@ -251,11 +225,8 @@ def measure_workflows(
     with _aws(server.endpoint, keep) as (counter, wf, aws):
         handler = queue_handler(wf)
         poll = _event_source_mapping(aws["sqs"], aws["queue_url"], aws["queue_arn"], counter, pricing.memory_mb)
-        packing = EventPacking()
-        packing.attach(aws["dynamodb"])
         for shape in shapes:
             counter.reset()
-            packing.units = 0.0
             started = time.perf_counter()
             ended: list[str] = []
             for i in range(shape.runs):
@@ -277,7 +248,7 @@ def measure_workflows(
                 ended.append(run.id)
             if keep is not None:
                 expire(counter, wf, plain, ended, pricing)
-            results.append(Measured(shape, counter.usage(), time.perf_counter() - started, packing.units))
+            results.append(Measured(shape, counter.usage(), time.perf_counter() - started))
     return results
 
 
@@ -402,20 +373,6 @@ def report(results: list[Measured], idle: dict[float, float], pricing: Pricing |
         lines.append("| --- | --- | --- | ---: | ---: |")
         for unit, op, kind, amount, dollars in m.usage.scaled(1 / m.steps).breakdown()[:18]:
             lines.append(f"| {unit} | {op} | {kind} | {amount:.3g} | {dollars * 1e6:.2f} |")
-    lines += ["", "What other item layouts would cost (projected from the same calls; $ per million steps):", ""]
-    lines.append("| workflow | seed layout (measured) | events of an append in one item | and no step items |")
-    lines.append("| --- | ---: | ---: | ---: |")
-    for m in results:
-        counts = m.usage.counts
-        event_units = sum(
-            a for (u, op, k), a in counts.items() if u == WRITE_UNITS and k == "RUN/EVENT" and op != "BatchWriteItem"
-        )
-        packed = m.usage.cost() - (event_units - m.packed_event_units) * PRICES[WRITE_UNITS]
-        step_cost = sum(a * PRICES[u] for (u, op, k), a in counts.items() if k == "RUN/STEP")
-        per = 1e6 / m.steps
-        lines.append(
-            f"| {m.shape.steps}-step | {m.usage.cost() * per:.2f} | {packed * per:.2f} | {(packed - step_cost) * per:.2f} |"
-        )
     estimated = sum(m.usage.estimated for m in results)
     lines += ["", f"Calls whose units were estimated: {estimated}.", ""]
     lines.append("An idle Celery worker on the SQS transport, consuming one queue (requests per hour, $ per month):")
