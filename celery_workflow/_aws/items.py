@@ -148,7 +148,8 @@ def run_of(item: Mapping[str, Any]) -> RunView:
 
 
 def view_item(table: str, view: StepView | WaitView, created_slot: int | None) -> Item:
-    """The item of a step (``table`` ``steps``) or wait (``waits``) view in its run's partition."""
+    """The item of a wait (``table`` ``waits``) view in its run's partition; of a step's (``steps``): the ``STEP#``
+    item earlier versions wrote (steps have no items now: :mod:`celery_workflow._aws.log`)."""
     sk = step_sk(view.step_id) if isinstance(view, StepView) else wait_sk(view.wait_id)
     return to_item({"pk": run_pk(view.run_id), "sk": sk, **CODEC.record(table, view, created_slot=created_slot)})
 
