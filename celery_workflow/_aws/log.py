@@ -85,26 +85,21 @@ def pack_items(events: Sequence[Event], write_id: str | None = None, ttl: int | 
         return []
     created = ids.to_micros(events[0].created_at)
     extra = {TTL_ATTRIBUTE: {"N": str(ttl)}} if ttl is not None else {}
+
+    def item(begin: int, end: int, held: list[dict[str, Any]]) -> Item:
+        return {**_pack(events[begin : end + 1], held, write_id, created), **extra}
+
     items: list[Item] = []
-    start = 0
     entries: list[dict[str, Any]] = []
-    size = 0
+    start = size = 0
     for i, e in enumerate(events):
         entry = _entry(e, created)
-        if not entries:  # a new item: its keys and attributes, then this event
-            first = {**_pack(events[i : i + 1], [], write_id, created), **extra}
-            size = item_size(first)
-        grown = size + 1 + value_size(entry)
-        if grown > MAX_ITEM_BYTES:
-            if not entries:
-                raise EventTooLarge(
-                    f"{e.event_type} at slot {e.slot} of run {e.run_id} needs an item of {grown} bytes; DynamoDB"
-                    f" stores at most {MAX_ITEM_BYTES}"
-                )
-            items.append({**_pack(events[start:i], entries, write_id, created), **extra})
+        grown = size + 1 + value_size(entry)  # a list element: its value and 1 byte
+        if entries and grown > MAX_ITEM_BYTES:  # full: this event begins the next item
+            items.append(item(start, i - 1, entries))
             start, entries = i, []
-            size = item_size({**_pack(events[i : i + 1], [], write_id, created), **extra})
-            grown = size + 1 + value_size(entry)
+        if not entries:
+            grown = item_size(item(i, i, [])) + 1 + value_size(entry)
             if grown > MAX_ITEM_BYTES:
                 raise EventTooLarge(
                     f"{e.event_type} at slot {e.slot} of run {e.run_id} needs an item of {grown} bytes; DynamoDB"
@@ -112,7 +107,7 @@ def pack_items(events: Sequence[Event], write_id: str | None = None, ttl: int | 
                 )
         entries.append(entry)
         size = grown
-    items.append({**_pack(events[start:], entries, write_id, created), **extra})
+    items.append(item(start, len(events) - 1, entries))
     return items
 
 

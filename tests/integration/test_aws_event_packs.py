@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from celery_workflow import ids
+from celery_workflow._aws.items import item_size
 from celery_workflow._aws.log import events_of, pack_items
 from celery_workflow._aws.table import MAX_ITEM_BYTES
 from celery_workflow.errors import EventTooLarge
@@ -110,3 +111,12 @@ def test_a_log_written_by_an_earlier_version_reads_the_same(aws: Aws) -> None:
     assert whole[:5] == log and [e.slot for e in whole] == list(range(1, 10))
     assert [e.slot for e in aws.world().list_events(run.run_id, after_slot=4, limit=3)] == [5, 6, 7]
     assert aws.world().get_run(run.run_id).status.value == "completed"
+
+
+def test_packs_are_filled_up_to_the_item_limit() -> None:
+    now = ids.utcnow()
+    events = [Event("r", 3 + i, EventType.STEP_COMPLETED, f"s{i}", {"result": "x" * 150_000}, now) for i in range(5)]
+    items = pack_items(events, "w", ttl=5)
+    assert [len(events_of(i)) for i in items] == [2, 2, 1]
+    assert all(item_size(i) <= MAX_ITEM_BYTES for i in items)
+    assert [e for i in items for e in events_of(i)] == events
