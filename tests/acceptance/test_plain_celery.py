@@ -173,7 +173,10 @@ class Env:
 #: 8 cases again 2026-12-06: a revoke of a countdown task not seen by the worker, pings unanswered). It passes in one
 #: process after the AWS integration tests, after the SQS transport and Redis store tests, after this module's other
 #: brokers, and in `tests/acceptance` with -n 2; it answered pings for 30 s after a busy task in a probe. The control
-#: channel's keys (prefix ``celery_workflow:<table>:``) showed both pidbox queues bound. Not found yet (issue #28).
+#: channel's keys (prefix ``celery_workflow:<table>:``) showed both pidbox queues bound. In a whole run with the
+#: diagnostics on (workers at DEBUG, the Redis keys dumped at the failure): client and workers on the same prefix,
+#: both pidbox queues bound and touched within 5 s, no message waiting in them, and no "pidbox received" line in
+#: either worker: the client's broadcast never reached the queues. Not found yet (issue #28).
 SQS_IN_SUITE = pytest.param(
     "sqs", marks=pytest.mark.skip(reason="remote control over the shared Redis control channel: see SQS_IN_SUITE")
 )
