@@ -285,6 +285,57 @@ def new_run(run_id: str, data: Mapping[str, Any], now: datetime) -> tuple[RunVie
     return view, Event(run_id, 1, EventType.RUN_CREATED, None, dict(data), now)
 
 
+def step_after(step: StepView | None, ev: NewEvent | Event, run_id: str, now: datetime) -> StepView:
+    """The view of ``ev``'s step after ``ev``, a step event these rules accepted (``step`` is its view before, None
+    for ``step_created``): the one transition the rules plan and a World that folds step views from its log (the
+    AWS World) replays."""
+    kind = ev.event_type
+    if kind is EventType.STEP_CREATED:
+        created = ev.data_as(StepCreatedData)
+        return StepView(
+            run_id=run_id,
+            step_id=str(ev.correlation_id),
+            step_name=created.step_name,
+            status=StepStatus.PENDING,
+            input=created.input,
+            queue=created.queue,
+            created_at=now,
+            updated_at=now,
+        )
+    if step is None:
+        raise StepNotFound(f"step {ev.correlation_id} of run {run_id} does not exist")
+    if kind is EventType.STEP_STARTED:
+        return dataclasses.replace(
+            step,
+            status=StepStatus.RUNNING,
+            attempt=step.attempt + 1,
+            owner=ev.data_as(StepStartedData).owner,
+            started_at=step.started_at or now,
+            retry_after=None,
+            updated_at=now,
+        )
+    if kind is EventType.STEP_RETRYING:
+        retrying = ev.data_as(StepRetryingData)
+        return dataclasses.replace(
+            step,
+            status=StepStatus.PENDING,
+            error=retrying.error,
+            retry_after=retrying.retry_after,
+            owner=None,
+            updated_at=now,
+        )
+    if kind is EventType.STEP_COMPLETED:
+        return dataclasses.replace(
+            step,
+            status=StepStatus.COMPLETED,
+            output=ev.data_as(StepCompletedData).result,
+            completed_at=now,
+            updated_at=now,
+        )
+    failed = ev.data_as(StepFailedData)
+    return dataclasses.replace(step, status=StepStatus.FAILED, error=failed.error, completed_at=now, updated_at=now)
+
+
 def plan_append(
     snapshot: Snapshot,
     new_events: Sequence[NewEvent],
@@ -406,20 +457,8 @@ class _State:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; cannot create step {sid}")
             if step is not None:
                 raise EntityExists(f"step {sid} already exists")
-            created = ev.data_as(StepCreatedData)
             self._emit(ev)
-            self._put_step(
-                StepView(
-                    run_id=run.run_id,
-                    step_id=sid,
-                    step_name=created.step_name,
-                    status=StepStatus.PENDING,
-                    input=created.input,
-                    queue=created.queue,
-                    created_at=self.now,
-                    updated_at=self.now,
-                )
-            )
+            self._put_step(step_after(None, ev, run.run_id, self.now))
             return
         if step is None:
             raise StepNotFound(f"step {sid} of run {run.run_id} does not exist")
@@ -432,53 +471,14 @@ class _State:
                 raise TooEarly(
                     f"step {sid} may not start before {isoformat(step.retry_after)}", retry_after=step.retry_after
                 )
-            attempt = step.attempt + 1
-            self._emit(ev, {**ev.data, "attempt": attempt})
-            self._put_step(
-                dataclasses.replace(
-                    step,
-                    status=StepStatus.RUNNING,
-                    attempt=attempt,
-                    owner=ev.data_as(StepStartedData).owner,
-                    started_at=step.started_at or self.now,
-                    retry_after=None,
-                    updated_at=self.now,
-                )
-            )
+            self._emit(ev, {**ev.data, "attempt": step.attempt + 1})
         elif kind is EventType.STEP_RETRYING:
             if run.status.terminal:
                 raise RunTerminal(f"run {run.run_id} is {run.status}; step {sid} may not retry")
-            retrying = ev.data_as(StepRetryingData)
             self._emit(ev)
-            self._put_step(
-                dataclasses.replace(
-                    step,
-                    status=StepStatus.PENDING,
-                    error=retrying.error,
-                    retry_after=retrying.retry_after,
-                    owner=None,
-                    updated_at=self.now,
-                )
-            )
-        elif kind is EventType.STEP_COMPLETED:
-            self._emit(ev)
-            self._put_step(
-                dataclasses.replace(
-                    step,
-                    status=StepStatus.COMPLETED,
-                    output=ev.data_as(StepCompletedData).result,
-                    completed_at=self.now,
-                    updated_at=self.now,
-                )
-            )
         else:
-            failed = ev.data_as(StepFailedData)
             self._emit(ev)
-            self._put_step(
-                dataclasses.replace(
-                    step, status=StepStatus.FAILED, error=failed.error, completed_at=self.now, updated_at=self.now
-                )
-            )
+        self._put_step(step_after(step, ev, run.run_id, self.now))
 
     def _put_step(self, step: StepView) -> None:
         self.steps[step.step_id] = step

@@ -31,7 +31,6 @@ items that earlier versions wrote are not read (the log is the truth) and go wit
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -39,14 +38,8 @@ from celery_workflow import ids
 from celery_workflow._aws.items import CODEC, item_size, plain, value_size
 from celery_workflow._aws.table import MAX_ITEM_BYTES, TTL_ATTRIBUTE, event_sk, run_pk
 from celery_workflow.errors import EventTooLarge
-from celery_workflow.event_data import (
-    StepCompletedData,
-    StepCreatedData,
-    StepFailedData,
-    StepRetryingData,
-    StepStartedData,
-)
-from celery_workflow.events import STEP_EVENTS, Event, EventType, StepStatus, StepView
+from celery_workflow.events import STEP_EVENTS, Event, EventType, StepView
+from celery_workflow.rules import step_after
 
 __all__ = ["EVENTS", "events_of", "last_slot", "pack_items", "read_events", "step_views"]
 
@@ -173,64 +166,14 @@ def read_events(table: Any, run_id: str, *, after_slot: int = 0, limit: int | No
 
 def step_views(events: Iterable[Event]) -> dict[str, StepView]:
     """Every step's view as the log leaves it, by step id in creation order: the transitions of
-    :mod:`celery_workflow.rules` (``_State._step_event``) replayed without their checks, which the log passed when it
-    was written."""
+    :func:`celery_workflow.rules.step_after` replayed without the rules' checks, which the log passed when it was
+    written."""
     steps: dict[str, StepView] = {}
     for e in events:
-        kind = e.event_type
-        if kind not in STEP_EVENTS or e.correlation_id is None:
+        if e.event_type not in STEP_EVENTS or e.correlation_id is None:
             continue
-        sid, now = e.correlation_id, e.created_at
-        if kind is EventType.STEP_CREATED:
-            created = e.data_as(StepCreatedData)
-            steps[sid] = StepView(
-                run_id=e.run_id,
-                step_id=sid,
-                step_name=created.step_name,
-                status=StepStatus.PENDING,
-                input=created.input,
-                queue=created.queue,
-                created_at=now,
-                updated_at=now,
-            )
-            continue
-        step = steps.get(sid)
-        if step is None:  # pragma: no cover - the rules write no step event before its step_created
-            continue
-        if kind is EventType.STEP_STARTED:
-            steps[sid] = dataclasses.replace(
-                step,
-                status=StepStatus.RUNNING,
-                attempt=step.attempt + 1,
-                owner=e.data_as(StepStartedData).owner,
-                started_at=step.started_at or now,
-                retry_after=None,
-                updated_at=now,
-            )
-        elif kind is EventType.STEP_RETRYING:
-            retrying = e.data_as(StepRetryingData)
-            steps[sid] = dataclasses.replace(
-                step,
-                status=StepStatus.PENDING,
-                error=retrying.error,
-                retry_after=retrying.retry_after,
-                owner=None,
-                updated_at=now,
-            )
-        elif kind is EventType.STEP_COMPLETED:
-            steps[sid] = dataclasses.replace(
-                step,
-                status=StepStatus.COMPLETED,
-                output=e.data_as(StepCompletedData).result,
-                completed_at=now,
-                updated_at=now,
-            )
-        else:
-            steps[sid] = dataclasses.replace(
-                step,
-                status=StepStatus.FAILED,
-                error=e.data_as(StepFailedData).error,
-                completed_at=now,
-                updated_at=now,
-            )
+        before = steps.get(e.correlation_id)
+        if before is None and e.event_type is not EventType.STEP_CREATED:
+            continue  # pragma: no cover - the rules write no step event before its step_created
+        steps[e.correlation_id] = step_after(before, e, e.run_id, e.created_at)
     return steps
