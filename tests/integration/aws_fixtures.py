@@ -112,3 +112,26 @@ def aws_fixture(moto: str) -> Aws:
     url = sqs.create_queue(QueueName="workflow-tasks")["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     return Aws(moto, dynamodb, sqs, scheduler, url, arn)
+
+
+def summing_app(world: AWSWorld, name: str) -> Any:
+    """A ``Workflows`` on ``world`` with the step ``add`` and the workflow ``sum_of(n)``, which adds 0..n-1 through n
+    inline steps (the kept-snapshot and batched-step tests count the World calls of its deliveries)."""
+    from celery import Celery
+
+    from celery_workflow import Workflows
+
+    app = Workflows(Celery(name), world=world, broker="app")
+
+    @app.step
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @app.workflow
+    def sum_of(n: int) -> int:
+        total = 0
+        for i in range(n):
+            total = add(total, i)
+        return total
+
+    return app

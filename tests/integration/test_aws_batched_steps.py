@@ -8,7 +8,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_workflow import Workflows
 from celery_workflow.aws_lambda import queue_handler
@@ -17,7 +16,7 @@ from celery_workflow.events import EventType, NewEvent
 from celery_workflow.runtime import effects
 from celery_workflow.world import AppendLimits
 from celery_workflow.world_sqs import AWSWorld
-from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
+from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture, summing_app  # noqa: F401
 from tests.integration.test_aws_kept_snapshots import calls
 from tests.integration.test_aws_lambda import Context, invoke, sqs_event
 
@@ -26,23 +25,6 @@ from tests.integration.test_aws_lambda import Context, invoke, sqs_event
 def _quick_below(monkeypatch: pytest.MonkeyPatch) -> None:
     """A quick step is one that took less than 0.5 s (not 10 ms): a body descheduled on a loaded machine still is."""
     monkeypatch.setattr(effects, "HOLD_START_BELOW", 0.5)
-
-
-def _app(world: AWSWorld) -> Workflows:
-    app = Workflows(Celery("batched-app"), world=world, broker="app")
-
-    @app.step
-    def add(a: int, b: int) -> int:
-        return a + b
-
-    @app.workflow
-    def sum_of(n: int) -> int:
-        total = 0
-        for i in range(n):
-            total = add(total, i)
-        return total
-
-    return app
 
 
 def _drive(aws: Aws, wf: Workflows, n: int) -> Any:
@@ -58,7 +40,7 @@ def _drive(aws: Aws, wf: Workflows, n: int) -> Any:
 def _transactions(aws: Aws, world: AWSWorld, n: int) -> tuple[Any, int]:
     """A run of ``n`` steps through the Lambda handler and the TransactWriteItems of its delivery (the run's creation
     left out)."""
-    wf = _app(world)
+    wf = summing_app(world, "batched-app")
     try:
         _drive(aws, wf, 2)  # the process learns the step is quick
         made = calls(aws.dynamodb)

@@ -10,7 +10,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from celery import Celery
 
 from celery_workflow import Workflows, ids
 from celery_workflow.aws_lambda import queue_handler
@@ -18,7 +17,7 @@ from celery_workflow.events import EventType
 from celery_workflow.testing._conformance import create, ev, step_created
 from celery_workflow.world import Delivery
 from celery_workflow.world_sqs import AWSWorld
-from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture  # noqa: F401
+from tests.integration.aws_fixtures import Aws, aws_fixture, moto_fixture, summing_app  # noqa: F401
 from tests.integration.test_aws_lambda import Context, invoke, sqs_event
 
 
@@ -35,19 +34,7 @@ def calls(client: Any) -> list[str]:
 
 @pytest.fixture
 def wf(aws: Aws) -> Iterator[Workflows]:
-    app = Workflows(Celery("kept-app"), world=aws.world(), broker="app")
-
-    @app.step
-    def add(a: int, b: int) -> int:
-        return a + b
-
-    @app.workflow
-    def sum_of(n: int) -> int:
-        total = 0
-        for i in range(n):
-            total = add(total, i)
-        return total
-
+    app = summing_app(aws.world(), "kept-app")
     yield app
     app.close()
 
