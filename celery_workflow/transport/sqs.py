@@ -38,6 +38,11 @@ Connection String
     broker_url = "aws://"                                   # the World of WORKFLOW_* (AWSWorld.from_env())
     broker_transport_options = {"world": my_aws_world}      # or a World of your own
 
+With ``aws://`` and no ``world`` option, the World is read from the environment when the connection opens. Kombu's
+process-wide connection and producer pools (which Celery's remote control publishes through) know a connection by its
+URL and options only, so a process that builds apps for two Worlds from the environment, one after the other, must
+call ``kombu.pools.reset()`` in between or give each app its ``world`` (a World's options differ by its table).
+
 Transport Options
 =================
 * ``world``: the :class:`~celery_workflow.world_sqs.AWSWorld` (default: ``AWSWorld.from_env()``).

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+import kombu.pools
 import pytest
 
 APPS = Path(__file__).parent / "apps"
@@ -99,6 +100,10 @@ def imported_app(name: str, env: dict[str, str], *, path: Path = APPS) -> Iterat
         module = sys.modules.pop(name, None)
         if module is not None and hasattr(module, "wf"):
             module.wf.close()
+        # Kombu's process-wide connection and producer pools key a connection by its URL and options, and Celery's
+        # remote control publishes through them: a later app with the same URL (``aws://``, whose World comes from
+        # the environment) would be served this app's connections (test_sqs_apps_in_one_process)
+        kombu.pools.reset()
         sys.path.remove(str(path))
         for k, v in old.items():
             if v is None:
