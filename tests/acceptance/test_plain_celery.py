@@ -169,23 +169,7 @@ class Env:
         )
 
 
-#: The SQS case passes alone but its remote control got no answer in the whole suite's run (7 cases, 2026-12-05;
-#: 8 cases again 2026-12-06: a revoke of a countdown task not seen by the worker, pings unanswered). It passes in one
-#: process after the AWS integration tests, after the SQS transport and Redis store tests, after this module's other
-#: brokers, and in `tests/acceptance` with -n 2; it answered pings for 30 s after a busy task in a probe. The control
-#: channel's keys (prefix ``celery_workflow:<table>:``) showed both pidbox queues bound. In a whole run with the
-#: diagnostics on (workers at DEBUG, the Redis keys dumped at the failure): client and workers on the same prefix,
-#: both pidbox queues bound and touched within 5 s, no message waiting in them. A third whole run traced the test
-#: process: Kombu publishes to ``celery.pidbox`` and ``SQSBrokerStore.put_fanout`` runs, but the client's
-#: ``RedisStore.bindings("celery.pidbox")`` returns no binding (so 0 copies are put), every time, while a fresh Redis
-#: client on the same URL and prefix sees both. The lead: what the test process's RedisStore connection reads differs
-#: from the server's keys after the earlier tests of the process. Not found yet (issue #28).
-SQS_IN_SUITE = pytest.param(
-    "sqs", marks=pytest.mark.skip(reason="remote control over the shared Redis control channel: see SQS_IN_SUITE")
-)
-
-
-@pytest.fixture(scope="module", params=[*(b for b in BROKERS if b != "sqs"), SQS_IN_SUITE])
+@pytest.fixture(scope="module", params=list(BROKERS))
 def env(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp(f"plain-{request.param}")
     with BROKERS[request.param](root, request) as broker:
