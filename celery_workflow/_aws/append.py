@@ -23,6 +23,14 @@ the runtime may carry is declared as :data:`APPEND_LIMITS` (the World's ``append
 token and wait the run still has, which no batch names: what does not fit in its transaction beside the batch (tokens
 first, then hooks, then waits) is deleted right after the commit (:meth:`AWSAppend.write`), so a run with many waits
 or hooks still ends.
+
+Retention: a run's end (of a workflow with a retention) writes the retention's end as the time to live
+(``expires_at``) on every item it writes, and, when it was planned on the delivery's read of the log (the kept
+snapshot knows every ``EVENT#`` item of the run, :attr:`~celery_workflow._aws.kept.Kept.items`) and no token is
+retained, on the run's earlier items too (an ``Update`` each, conditioned on the item existing; the META update on
+the run having no stream), with its whole cleanup in the same transaction: DynamoDB deletes the whole run, and no
+expiry is queued. When that does not fit (100 actions, 4 MB counting each updated item whole) or the items are not
+known, the end queues the seed's expiry (``QUEUE#expire-<runId>``) as before.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from celery_workflow._aws.items import (
     view_item,
     view_of,
 )
-from celery_workflow._aws.kept import OUTBOX_GRACE_MICROS, Kept, KeptSnapshots
+from celery_workflow._aws.kept import OUTBOX_GRACE_MICROS, Kept, KeptSnapshots, known_items
 from celery_workflow._aws.log import events_of, pack_items, read_events, step_views
 from celery_workflow._aws.queue import Receipt, Record
 from celery_workflow._aws.table import (
@@ -218,6 +226,7 @@ class AWSAppend:
         snapshot = rules.Snapshot(run)
         if kept is not None and kept.snapshot.run is not None and kept.snapshot.run.event_count == run.event_count:
             tx.kept = kept  # still the run's state: advanced after this write
+            tx.earlier = known_items(meta, kept.items)  # unless a stream was written since
         tx.hooks = dict(stored.get("hooks") or {})
         tx.retentions = snapshot.retentions = retentions_of(run_id, meta)
         created = set(stored.get("created_hooks") or {})
@@ -275,6 +284,7 @@ class AWSAppend:
                 view = view_of("hooks", item)
                 snapshot.hooks[view.hook_id] = view
         tx.kept, tx.guess = kept, True
+        tx.earlier = kept.items  # the META update is conditioned on the run still having no stream
         tx.hooks = dict(kept.hooks)
         tx.retentions = dict(snapshot.retentions)
         tx.schedules = set(kept.schedules)
@@ -298,7 +308,7 @@ class AWSAppend:
         wake = next((r.id for r in records if r.marked), None)
         if wake is None:
             wake = None if tx.holding else tx.pending_wake
-        self.kept.put(tx.kept.advanced(plan, live_hooks(tx, plan), schedules, wake))
+        self.kept.put(tx.kept.advanced(plan, live_hooks(tx, plan), schedules, wake, tx.written))
 
     # -- the write ---------------------------------------------------------------------------------------------------
 
@@ -322,8 +332,10 @@ class AWSAppend:
         ]
         self._send(parts, lambda: self.write_linked(tx, request, plan, linked))
 
-    def _prepare(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan) -> _Prepared:
-        """One run's part of a transaction: its records, actions, run-end cleanup and ack."""
+    def _prepare(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan, *, ttl_only: bool = True) -> _Prepared:
+        """One run's part of a transaction: its records, actions, run-end cleanup and ack. A run's end gives every
+        item of the run its time to live in this transaction and queues no expiry when it may (``ttl_only``, and see
+        :meth:`_ttl_only`); else it writes its time to live on what it writes and queues the expiry (the seed's)."""
         world = self.world
         now = ids.utcnow()
         records = [Record.of(d, now) for d in request.deliveries]
@@ -338,6 +350,11 @@ class AWSAppend:
         # the run's end writes its time to live on the items it writes: DynamoDB deletes them for free once the
         # retention is over; a run that retains tokens is left to its expiry's explicit deletes (they need its META)
         tx.ttl = math.ceil(expiry.due.timestamp()) if expiry is not None and not plan.tokens_retained else None
+        # and on the items written before, when it knows them all: then no expiry is queued (DynamoDB deletes all)
+        tx.ttl_only = ttl_only and tx.ttl is not None and tx.earlier is not None
+        if tx.ttl_only:
+            expiry = None
+        tx.written = {}
         actions, cleanup = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
         ack_index = None
         if tx.ack is not None:
@@ -357,8 +374,15 @@ class AWSAppend:
 
     def _send(self, parts: list[_Part], again: Callable[[], None]) -> None:
         """Send the parts' actions as one transaction (the first part's run-end cleanup in the room left), then do
-        each part's after-commit work; ``again``: the write once more, without an ack that went stale."""
+        each part's after-commit work; ``again``: the write once more, without an ack that went stale. A run's end
+        that gives its earlier items its time to live needs its whole cleanup and those updates in the transaction
+        (DynamoDB's 100 actions and 4 MB, counting each updated item whole): when they do not fit, the part is
+        prepared again the seed's way (its expiry queued)."""
         world = self.world
+        for i, part in enumerate(parts):
+            if part.tx.ttl_only and not _fits(parts):
+                parts[i] = _Part(part.tx, part.request, part.plan,
+                                 self._prepare(part.tx, part.request, part.plan, ttl_only=False))  # fmt: skip
         first = parts[0]
         tx, request, plan, prepared = first.tx, first.request, first.plan, first.prepared
         actions = [a for part in parts for a in part.prepared.actions]
@@ -503,6 +527,11 @@ class AWSAppend:
             return actions, cleanup
         for item in pack_items(plan.events, request.write_id, tx.ttl):  # see celery_workflow._aws.log
             put(item, "attribute_not_exists(pk)")
+            tx.written[item["sk"]["S"]] = item_size(item)
+        if tx.ttl_only and tx.earlier is not None:  # the run's items written before: DynamoDB deletes them too
+            ttl = {TTL_ATTRIBUTE: {"N": str(tx.ttl)}}
+            for sk in sorted(tx.earlier):
+                actions.append(update_action(table, {"pk": pk, "sk": sk}, ttl, "attribute_exists(pk)"))
         created = created_slots(plan.events)
         for wait_id, view in plan.waits.items():  # steps have no items: their views are the log's
             slot = created.get((EventType.WAIT_CREATED, wait_id))
@@ -568,6 +597,16 @@ class AWSAppend:
         for record in records:
             put(record.item())
         return actions, cleanup
+
+
+def _fits(parts: list[_Part]) -> bool:
+    """Whether the parts' actions and the first part's whole run-end cleanup fit in one transaction, each item a
+    run's end gives its time to live counted whole (an update's item is the transaction's as much as a put's)."""
+    actions = [a for part in parts for a in part.prepared.actions] + parts[0].prepared.cleanup
+    if any(part.prepared.cleanup for part in parts[1:]):
+        return False  # pragma: no cover - only the first part of a linked write ends a run
+    earlier = sum(sum((p.tx.earlier or {}).values()) for p in parts if p.tx.ttl_only)
+    return len(actions) <= MAX_ACTIONS and transaction_size(actions) + earlier <= MAX_TRANSACTION_BYTES
 
 
 def transaction_size(actions: list[dict[str, Any]]) -> int:

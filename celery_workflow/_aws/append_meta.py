@@ -12,7 +12,7 @@ from celery_workflow import ids, rules
 from celery_workflow._aws.items import CODEC, RETENTION_PREFIX, item_size, run_item
 from celery_workflow._aws.kept import Kept
 from celery_workflow._aws.queue import WAKE_KEY, Receipt, Record, scheduled
-from celery_workflow._aws.table import MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, run_pk
+from celery_workflow._aws.table import MAX_ITEM_BYTES, META, STREAMS, TTL_ATTRIBUTE, run_pk
 from celery_workflow._backend.records import MUTABLE
 from celery_workflow.errors import EventTooLarge
 from celery_workflow.events import EventType
@@ -42,6 +42,9 @@ class AppendTx:
     guess: bool = False  # planned on ``kept`` without reading (see celery_workflow._aws.kept)
     scheduled: set[str] = field(default_factory=set)  # the records this append sends through the Scheduler
     ttl: int | None = None  # a run end's time to live (epoch seconds) for the items it writes (see write)
+    earlier: dict[str, int] | None = None  # the run's EVENT# items so far, with their sizes, when known (Kept.items)
+    ttl_only: bool = False  # a run end that gives its earlier items its time to live: no expiry delivery
+    written: dict[str, int] = field(default_factory=dict)  # the EVENT# items this append puts, with their sizes
     linked: AppendTx | None = None  # the parent's, in a linked append (a child's end that wakes its parent)
 
 
@@ -124,6 +127,8 @@ def meta_update(
         condition = f"({condition}) AND {still()}"
     if tx.guess and plan.run_ended:  # planned on a kept snapshot that has no scheduled record: it still has none
         condition = f"({condition}) AND attribute_not_exists({name('schedules')})"
+    if tx.ttl_only:  # the earlier items it gives its time to live are all the run has: no stream was written since
+        condition = f"({condition}) AND attribute_not_exists({name(STREAMS)})"
     adds, deletes = schedule_clauses(world, tx, plan, records, sets=sets, removes=removes, name=name, value=value)
     if not sets and not removes and not adds and not deletes:
         sets.append(f"{name('run_id')} = {value({'S': run.run_id})}")

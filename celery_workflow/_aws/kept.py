@@ -29,6 +29,7 @@ from typing import Any
 from celery_workflow import ids, rules
 from celery_workflow._aws.items import CODEC, from_item, retentions_of
 from celery_workflow._aws.log import step_views
+from celery_workflow._aws.table import CREATED, STREAMS
 from celery_workflow._backend.children import parent_data
 from celery_workflow._backend.recent import Recent
 from celery_workflow.events import Event, EventType
@@ -48,11 +49,17 @@ class Kept:
     waits: set[str] = field(default_factory=set)  # every wait of the run (WAIT# items)
     schedules: frozenset[str] = frozenset()  # records sent through the Scheduler (META ``schedules``)
     pending_wake: str | None = None  # META ``pending_wake``
+    #: The run's partition items written so far besides META, WAIT# and the stream items (its ``EVENT#`` items), by
+    #: sort key, with their sizes: what a run's end gives its time to live (:data:`celery_workflow._aws.table.
+    #: TTL_ATTRIBUTE`) in its own transaction instead of an expiry's deletes. None when not known: a run an earlier
+    #: version created (it may have ``STEP#`` items), or one with streams (META ``streams``).
+    items: dict[str, int] | None = None
 
     @classmethod
-    def read(cls, meta: Mapping[str, Any], log: Iterable[Event]) -> Kept | None:
-        """From a run's META item and its log up to META's event count; None when it must not be kept (an ended
-        run, or an outbox a stopped writer left, which the fresh path publishes)."""
+    def read(cls, meta: Mapping[str, Any], log: Iterable[Event], items: Mapping[str, int] | None = None) -> Kept | None:
+        """From a run's META item and its log up to META's event count (``items``: the sort keys and sizes of the
+        log's items, as :func:`celery_workflow._aws.log.read_events` read them); None when it must not be kept (an
+        ended run, or an outbox a stopped writer left, which the fresh path publishes)."""
         stored = from_item(meta)
         run = CODEC.run(stored)
         if run.status.terminal:
@@ -68,6 +75,7 @@ class Kept:
         kept = cls(snapshot, {str(k): str(v) for k, v in (stored.get("hooks") or {}).items()})
         kept.schedules = frozenset(str(s) for s in stored.get("schedules") or ())
         kept.pending_wake = stored.get("pending_wake")
+        kept.items = known_items(meta, items)
         snapshot.steps = step_views(events)  # every step: a batch naming one needs no read
         for e in events:
             if e.event_type is EventType.WAIT_CREATED and e.correlation_id is not None:
@@ -83,12 +91,31 @@ class Kept:
             sorted(k for k in keys.hooks if k in self.hooks and k not in s.hooks),
         )
 
-    def advanced(self, plan: rules.Plan, hooks: dict[str, str], schedules: frozenset[str], wake: str | None) -> Kept:
+    def advanced(
+        self,
+        plan: rules.Plan,
+        hooks: dict[str, str],
+        schedules: frozenset[str],
+        wake: str | None,
+        written: Mapping[str, int] | None = None,
+    ) -> Kept:
         """The kept snapshot once ``plan`` is written (its live hooks, scheduled records and pending wake-up as the
-        write left them)."""
+        write left them; ``written``: the ``EVENT#`` items it put, by sort key with their sizes)."""
         kept = Kept(rules.advance(self.snapshot, plan), hooks, set(self.waits), schedules, wake)
         kept.waits.update(plan.waits)
+        if self.items is not None and written is not None:
+            kept.items = {**self.items, **written}
         return kept
+
+
+def known_items(meta: Mapping[str, Any], items: Mapping[str, int] | None) -> dict[str, int] | None:
+    """The ``EVENT#`` items of a run (``items``, as its log read found them) when they are all of its partition's items
+    that a run's end must give its time to live besides its waits: the run was created by a version that writes no
+    ``STEP#`` items (META ``run_created``, :mod:`celery_workflow._aws.table`) and has no stream (META ``streams``).
+    None otherwise."""
+    if items is None or CREATED not in meta or STREAMS in meta:
+        return None
+    return dict(items)
 
 
 class KeptSnapshots:

@@ -128,10 +128,13 @@ def last_slot(item: Mapping[str, Any]) -> int:
     return first + len(item[EVENTS]["L"]) - 1 if EVENTS in item else first
 
 
-def read_events(table: Any, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
+def read_events(
+    table: Any, run_id: str, *, after_slot: int = 0, limit: int | None = None, sizes: dict[str, int] | None = None
+) -> list[Event]:
     """The run's events after ``after_slot`` (at most ``limit``), in slot order, by consistent queries: the item that
     holds slot ``after_slot + 1`` when it may begin before it (newest ``EVENT#`` key at or below it), then the items
-    after it. ``table``: the World's :class:`~celery_workflow._aws.dynamo.Table`."""
+    after it. ``table``: the World's :class:`~celery_workflow._aws.dynamo.Table`. ``sizes``: filled with the sort key
+    and size of every item read (what a run's end gives its time to live: :mod:`celery_workflow._aws.kept`)."""
     if limit is not None and limit <= 0:
         return []
     pk = {"S": run_pk(run_id)}
@@ -147,6 +150,8 @@ def read_events(table: Any, run_id: str, *, after_slot: int = 0, limit: int | No
         )
         found = next(covering, None)
         if found is not None and last_slot(found) >= start:
+            if sizes is not None:
+                sizes[found["sk"]["S"]] = item_size(found)
             out += [e for e in events_of(found) if e.slot > after_slot]
             start = last_slot(found) + 1
         else:
@@ -158,6 +163,8 @@ def read_events(table: Any, run_id: str, *, after_slot: int = 0, limit: int | No
             ExpressionAttributeValues={":pk": pk, ":lo": {"S": event_sk(start)}, ":hi": {"S": LAST_SK}},
         )
         for item in items:
+            if sizes is not None:
+                sizes[item["sk"]["S"]] = item_size(item)
             out += events_of(item)
             if limit is not None and len(out) >= limit:
                 break

@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_workflow import ids
-from celery_workflow._aws.dynamo import Cancelled
+from celery_workflow._aws.dynamo import Cancelled, ConditionFailed
 from celery_workflow._aws.items import from_item, item_size, to_item
 from celery_workflow._aws.table import (
     MAX_CHUNKS_PER_WRITE,
     MAX_ITEM_BYTES,
     META,
+    STREAMS,
+    TTL_ATTRIBUTE,
     chunk_prefix,
     chunk_sk,
     run_pk,
@@ -50,9 +52,40 @@ class AWSStreams:
         item = self.world.table.get({"pk": run_pk(run_id), "sk": stream_sk(name)})
         return None if item is None else from_item(item)
 
-    def _require_run(self, run_id: str) -> None:
-        if self.world.table.get({"pk": run_pk(run_id), "sk": META}) is None:
+    def _require_run(self, run_id: str) -> dict[str, Any]:
+        item = self.world.table.get({"pk": run_pk(run_id), "sk": META})
+        if item is None:
             raise RunNotFound(f"run {run_id} does not exist")
+        return item
+
+    def _mark(self, run_id: str, name: str) -> int | None:
+        """Before a stream's first item is written: its name joins the run's META ``streams`` (a run's end then knows
+        its partition holds stream items, and queues the expiry that deletes them), on the condition that the run's
+        time to live is still the one read. Returns that time to live (a run that ended has one): the stream's items
+        take it, so DynamoDB deletes them with the run's. A mark whose stream is never written costs nothing more."""
+        for _ in range(MAX_ATTEMPTS):
+            meta = self._require_run(run_id)
+            ttl = meta.get(TTL_ATTRIBUTE)
+            if name in (meta.get(STREAMS) or {}).get("SS", ()):
+                return None if ttl is None else int(ttl["N"])
+            values: dict[str, Any] = {":n": {"SS": [name]}}
+            condition = "attribute_exists(pk) AND attribute_not_exists(#t)"
+            if ttl is not None:
+                condition = "attribute_exists(pk) AND #t = :t"
+                values[":t"] = ttl
+            try:
+                self.world.table.update(
+                    "UpdateItem (stream mark)",
+                    Key={"pk": {"S": run_pk(run_id)}, "sk": {"S": META}},
+                    UpdateExpression=f"ADD {STREAMS} :n",
+                    ConditionExpression=condition,
+                    ExpressionAttributeNames={"#t": TTL_ATTRIBUTE},
+                    ExpressionAttributeValues=values,
+                )
+            except ConditionFailed:
+                continue  # the run ended (or went) meanwhile: read it again
+            return None if ttl is None else int(ttl["N"])
+        raise WorldUnavailable(f"stream {name!r} of run {run_id}: META kept changing ({MAX_ATTEMPTS} attempts)")
 
     def write(self, run_id: str, name: str, chunks: Sequence[bytes]) -> int:
         check_stream_name(name)
@@ -63,8 +96,13 @@ class AWSStreams:
         delay = 0.01
         for _ in range(MAX_ATTEMPTS):
             state = self._state(run_id, name)
+            # the run's time to live, once it ended (a stream's items take it: DynamoDB deletes them with the run's)
+            ttl = state.get(TTL_ATTRIBUTE) if state is not None else None
             if state is None:
-                self._require_run(run_id)
+                if not data:
+                    self._require_run(run_id)
+                    return 0
+                ttl = self._mark(run_id, name)
                 count = 0
                 condition = "attribute_not_exists(pk)"
                 values: dict[str, object] = {}
@@ -80,7 +118,7 @@ class AWSStreams:
             created = int(str(state["created_at"])) if state is not None else now
             head = to_item({
                 "pk": run_pk(run_id), "sk": stream_sk(name), "name": name, "closed": False,
-                "chunk_count": count + len(data), "created_at": created, "updated_at": now,
+                "chunk_count": count + len(data), "created_at": created, "updated_at": now, TTL_ATTRIBUTE: ttl,
             })  # fmt: skip
             put_head: dict[str, object] = {"TableName": table.name, "Item": head, "ConditionExpression": condition}
             if values:
@@ -88,7 +126,7 @@ class AWSStreams:
             actions: list[dict[str, object]] = [{"Put": put_head}]
             for i, chunk in enumerate(data):
                 item = to_item({"pk": run_pk(run_id), "sk": chunk_sk(name, count + i), "idx": count + i, "data": chunk,
-                                "created_at": now})  # fmt: skip
+                                "created_at": now, TTL_ATTRIBUTE: ttl})  # fmt: skip
                 if item_size(item) > MAX_ITEM_BYTES:  # pragma: no cover - chunks are smaller than items already
                     raise EventTooLarge(f"stream chunk of {len(chunk)} bytes exceeds DynamoDB's item limit")
                 actions.append({"Put": {"TableName": table.name, "Item": item}})
@@ -103,17 +141,28 @@ class AWSStreams:
 
     def close(self, run_id: str, name: str) -> None:
         check_stream_name(name)
-        self._require_run(run_id)
+        ttl = self._mark(run_id, name)  # it may write the stream's first item
         now = ids.to_micros(ids.utcnow())
+        values: dict[str, Any] = {
+            ":t": {"BOOL": True},
+            ":name": {"S": name},
+            ":now": {"N": str(now)},
+            ":zero": {"N": "0"},
+        }
+        expression = ("SET closed = :t, #n = :name, updated_at = :now, chunk_count = if_not_exists(chunk_count, :zero),"
+                      " created_at = if_not_exists(created_at, :now)")  # fmt: skip
+        names = {"#n": "name"}
+        if ttl is not None:  # a stream first closed after its run ended takes the run's time to live
+            expression += ", #ttl = if_not_exists(#ttl, :ttl)"
+            names["#ttl"] = TTL_ATTRIBUTE
+            values[":ttl"] = {"N": str(ttl)}
         self.world.table.update(
             "UpdateItem (stream close)",
             Key={"pk": {"S": run_pk(run_id)}, "sk": {"S": stream_sk(name)}},
-            UpdateExpression="SET closed = :t, #n = :name, updated_at = :now, chunk_count = if_not_exists(chunk_count, :zero),"
-            " created_at = if_not_exists(created_at, :now)",
-            ExpressionAttributeNames={"#n": "name"},
-            ExpressionAttributeValues={":t": {"BOOL": True}, ":name": {"S": name}, ":now": {"N": str(now)},
-                                       ":zero": {"N": "0"}},
-        )  # fmt: skip
+            UpdateExpression=expression,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+        )
 
     def read(
         self, run_id: str, name: str, *, start: int = 0, limit: int | None = None, wait: float = 0.0

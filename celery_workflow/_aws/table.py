@@ -27,8 +27,10 @@ eventually consistent; every other read is a consistent read of the base table.
 
 Time to live: the table's TTL attribute is :data:`TTL_ATTRIBUTE` (``expires_at``, epoch seconds). The append that
 ends a run of a workflow with a retention writes it on every item it writes (the run's view, its last events and
-views), so DynamoDB deletes them for free once the retention is over; readers treat an item past it as gone
-(DynamoDB deletes expired items within days, not at once). :func:`create_table` enables it.
+views), and on the run's items written before when it knows them all (:mod:`celery_workflow._aws.append`; META
+:data:`CREATED` and :data:`STREAMS` say whether it can), so DynamoDB deletes them for free once the retention is
+over; readers treat an item past it as gone (DynamoDB deletes expired items within days, not at once). A stream
+first written after its run's end takes the run's. :func:`create_table` enables it.
 
 Limits (DynamoDB's): 400 KB per item, 100 actions per transaction; a stream write holds at most 99 chunks (with the
 stream's state, 100 actions).
@@ -44,9 +46,11 @@ from celery_workflow import ids
 from celery_workflow.errors import WorldError
 
 __all__ = [
+    "CREATED",
     "MAX_ACTIONS",
     "MAX_CHUNKS_PER_WRITE",
     "MAX_ITEM_BYTES",
+    "STREAMS",
     "TTL_ATTRIBUTE",
     "chunk_sk",
     "create_table",
@@ -64,6 +68,13 @@ __all__ = [
 
 #: The table's time-to-live attribute: epoch seconds after which DynamoDB deletes the item, and readers ignore it.
 TTL_ATTRIBUTE = "expires_at"
+#: A run's META attribute naming where its ``run_created`` event (slot 1) is: the sort key of its ``EVENT#`` item.
+#: Versions before it (issue #31, item 3) did not write it, and may have written ``STEP#`` items: what a run's end
+#: gives its time to live is known only for runs that have it.
+CREATED = "run_created"
+#: A run's META attribute: the names of its streams (a string set, added by a stream's first write or close), so a
+#: run's end knows its partition holds ``STREAM#`` and ``CHUNK#`` items.
+STREAMS = "streams"
 
 MAX_ITEM_BYTES = 400 * 1024
 MAX_ACTIONS = 100

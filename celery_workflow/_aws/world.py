@@ -19,9 +19,14 @@ Guarantees (the table layout is in :mod:`celery_workflow._aws.table`):
 * **Limits**: an item over 400 KB is :class:`~celery_workflow.errors.EventTooLarge` (an ``EventInvalid``); an append
   needing more than 100 actions is ``EventInvalid``; throttling and service errors are
   :class:`~celery_workflow.errors.WorldUnavailable`, never a lost write.
-* **Retention**: a terminal append queues ``QUEUE#expire-<runId>``, due the workflow's retention later; its delivery
-  deletes the run's hooks, tokens and partition, the run's view last, so a cleanup cut short is retried while the run
-  still exists. Pending and running runs never expire. A delivery that comes before the run may expire (the
+* **Retention**: a terminal append gives every item of the run's partition its time to live (``expires_at``, the
+  retention's end) in its own transaction, the items written before by updates, when it knows them all (planned on
+  the delivery's read of the log: :attr:`celery_workflow._aws.kept.Kept.items`) and they fit in it; DynamoDB then
+  deletes the run for free, and nothing is queued. Otherwise (a run that retains a token, an end planned on fresh
+  reads such as a CLI cancel, a run with streams or created by an earlier version, too many earlier items) it queues
+  ``QUEUE#expire-<runId>`` (seed), due the workflow's retention later; its delivery deletes the run's hooks, tokens
+  and the partition's items without a time to live, the run's view last, so a cleanup cut short is retried while the
+  run still exists. Pending and running runs never expire. A delivery that comes before the run may expire (the
   retention was lengthened, or the run retains a token) keeps the record, due then, and is sent again.
 * **Token retention** (:mod:`celery_workflow.rules`): a live hook's retention end is a ``retention#<hookId>``
   attribute of its run's META; a run's end turns the ``TOKEN#`` items the rules retain into holdings of the ended run
@@ -62,7 +67,16 @@ from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
-from celery_workflow._aws.table import MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, hook_pk, run_pk, token_pk
+from celery_workflow._aws.table import (
+    CREATED,
+    MAX_ITEM_BYTES,
+    META,
+    TTL_ATTRIBUTE,
+    event_sk,
+    hook_pk,
+    run_pk,
+    token_pk,
+)
 from celery_workflow._backend import template
 from celery_workflow._backend.base import StoreStreams, TemplateWorld
 from celery_workflow._backend.checks import check_deliveries
@@ -194,6 +208,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         meta = {
             **run_item(view),
             **to_item({"created_hooks": {}, "outbox": {r.id: ids.to_micros(view.created_at) for r in records}}),
+            CREATED: {"S": event_sk(first.slot)},  # where run_created is (and: no STEP# items in this run)
         }
         if item_size(meta) > MAX_ITEM_BYTES:
             raise EventTooLarge(
@@ -232,8 +247,9 @@ class AWSWorld(TemplateWorld, StoreStreams):
         so the two agree). What was read is kept for the run's next appends (:mod:`celery_workflow._aws.kept`)."""
         meta = self._meta(run_id)
         view = run_of(meta)
-        log = self.list_events(run_id, limit=view.event_count)
-        kept = Kept.read(meta, log) if len(log) == view.event_count else None
+        sizes: dict[str, int] = {}  # the log's items: what the run's end gives its time to live
+        log = read_events(self.table, run_id, limit=view.event_count, sizes=sizes)
+        kept = Kept.read(meta, log, sizes) if len(log) == view.event_count else None
         if kept is not None:
             self._append.kept.put(kept)
         else:
