@@ -64,6 +64,7 @@ from celery_workflow._aws.items import (
 from celery_workflow._aws.kept import Kept
 from celery_workflow._aws.log import pack_items, read_events, step_views
 from celery_workflow._aws.queue import Record, SQSQueue
+from celery_workflow._aws.retention import outlive_runs
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
 from celery_workflow._aws.streams import AWSStreams
@@ -478,6 +479,12 @@ class AWSWorld(TemplateWorld, StoreStreams):
         if TTL_ATTRIBUTE not in meta:  # else DynamoDB deletes it for free, and readers take it as gone already
             self.table.delete({"pk": run_pk(run_id), "sk": META})
         return None
+
+    def outlive_runs(self, workflow: str | None = None) -> int:
+        """After a retention was lengthened: the ended runs (of ``workflow``, else all) whose time to live ends before
+        their retention now says get the later one (:func:`celery_workflow._aws.retention.outlive_runs`); returns
+        how many. A run's end that queued no expiry is not visited again before DynamoDB deletes it."""
+        return outlive_runs(self, workflow)
 
     def _outlive(self, run_id: str, meta: Mapping[str, Any], due: datetime) -> None:
         """The run may expire later than its end's time to live says (its retention was lengthened since): its items

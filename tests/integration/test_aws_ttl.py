@@ -17,7 +17,7 @@ from celery_workflow import Workflows, ids
 from celery_workflow.aws_lambda import queue_handler
 from celery_workflow.errors import RunNotFound
 from celery_workflow.events import EventType, RunStatus
-from celery_workflow.testing._conformance import create, ev, hook_created, step_created
+from celery_workflow.testing._conformance import create, ev, eventually, hook_created, step_created
 from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import TABLE, Aws, aws_fixture, moto_fixture, summing_app  # noqa: F401
 from tests.integration.test_aws_lambda import Context, invoke, sqs_event
@@ -193,3 +193,27 @@ def test_a_kept_world_with_no_retention_writes_no_ttl(aws: Aws) -> None:
     world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)])
     assert all(ttl is None for ttl in _ttls(aws, run.run_id).values())
     assert _expiry(aws, run.run_id) is None
+
+
+def test_a_lengthened_retention_reaches_runs_whose_end_queued_no_expiry(aws: Aws) -> None:
+    """No expiry comes back to a run ended by time to live alone: ``outlive_runs`` gives the later time to live to
+    every item of the ended runs whose retention was lengthened since (and leaves the others)."""
+    world = aws.world(retention=HOUR)
+    ended = create(world, started=True)
+    running = create(world, started=True)
+    world.get_run_with_events(ended.run_id)
+    (end,) = world.append(ended.run_id, [ev(EventType.RUN_COMPLETED, output=1)]).events
+    assert _expiry(aws, ended.run_id) is None
+    longer = aws.world(retention=3 * HOUR)
+
+    def listed() -> list[str] | None:  # the index is eventually consistent
+        runs = [r.run_id for r in longer.list_runs().items]
+        return runs if ended.run_id in runs else None
+
+    eventually(listed, timeout=10, interval=0.05)
+    assert longer.outlive_runs(workflow="wf-other") == 0
+    assert longer.outlive_runs() == 1
+    assert set(_ttls(aws, ended.run_id).values()) == {_due(end, 3 * HOUR)}
+    assert all(ttl is None for ttl in _ttls(aws, running.run_id).values())
+    assert longer.outlive_runs() == 0  # done already
+    assert world.outlive_runs(workflow=world.get_run(ended.run_id).workflow_name) == 0  # a shorter one changes nothing
