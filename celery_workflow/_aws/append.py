@@ -60,7 +60,7 @@ from celery_workflow._aws.items import (
     view_of,
 )
 from celery_workflow._aws.kept import OUTBOX_GRACE_MICROS, Kept, KeptSnapshots, known_items
-from celery_workflow._aws.log import events_of, pack_items, read_events, step_views
+from celery_workflow._aws.log import created_of, events_of, pack_items, read_events, step_views
 from celery_workflow._aws.queue import Receipt, Record
 from celery_workflow._aws.table import (
     MAX_ACTIONS,
@@ -214,8 +214,8 @@ class AWSAppend:
         wanted += [{"pk": token_pk(t), "sk": META} for t in keys.tokens]
         if receipt is not None:
             wanted.append({"pk": queue_pk(receipt.id), "sk": META})
-        if request.ends_run:  # a child run's end wakes its parent: the link its run_created records
-            wanted.append({"pk": pk, "sk": event_sk(1)})
+        if request.ends_run:  # a child run's end wakes its parent: the link its run_created records (an earlier
+            wanted.append({"pk": pk, "sk": event_sk(1)})  # version's EVENT#1; this one's is in META, mostly)
         read = world.table.get_snapshot({"pk": pk, "sk": META}, wanted)
         found = {(item["pk"]["S"], item["sk"]["S"]): item for item in read}
         meta = found.get((pk, META))
@@ -236,7 +236,7 @@ class AWSAppend:
         tx.pending_wake = stored.get("pending_wake")
         tx.stale_outbox = any(int(t) < ids.to_micros(ids.utcnow()) - OUTBOX_GRACE_MICROS for t in outbox.values())
         if keys.steps:  # no step items: the views the log gives (kept, or read up to META's event count)
-            views = tx.kept.snapshot.steps if tx.kept is not None else self._step_views(run_id, run.event_count)
+            views = tx.kept.snapshot.steps if tx.kept is not None else self._step_views(run_id, run.event_count, meta)
             snapshot.steps.update({s: views[s] for s in keys.steps if s in views})
         for w in keys.waits:
             if (item := found.get((pk, wait_sk(w)))) is not None:
@@ -250,9 +250,11 @@ class AWSAppend:
                     tx.retained[t] = snapshot.retained[t] = held
                 else:
                     snapshot.token_owners[t] = view_of("hooks", item)
-        if request.ends_run:
-            first = found.get((pk, event_sk(1)))  # slot 1 begins create_run's item
-            snapshot.parent = parent_data(events_of(first)[:1] if first is not None else [])
+        if request.ends_run:  # run_created: in META, or (earlier versions, a large one) slot 1 begins EVENT#1
+            inline = created_of(meta)
+            first = found.get((pk, event_sk(1)))
+            head = [inline] if inline is not None else events_of(first)[:1] if first is not None else []
+            snapshot.parent = parent_data(head)
             snapshot.parent_known = True
             tx.waits = [from_item(i)["wait_id"] for i in world.table.partition(pk, "WAIT#", what="Query (waits)")]
         if receipt is not None:
@@ -294,10 +296,10 @@ class AWSAppend:
         tx.ack = receipt
         return Loaded(snapshot, guess=True)
 
-    def _step_views(self, run_id: str, count: int) -> dict[str, Any]:
-        """Every step's view, from the run's log up to event ``count`` (META's, read before: the log's events up to it
-        are the ones it counts)."""
-        return step_views(read_events(self.world.table, run_id, limit=count))
+    def _step_views(self, run_id: str, count: int, meta: dict[str, Any]) -> dict[str, Any]:
+        """Every step's view, from the run's log up to event ``count`` (``meta``'s, read before: the log's events up
+        to it are the ones it counts)."""
+        return step_views(read_events(self.world.table, run_id, limit=count, meta=meta))
 
     def _keep(self, tx: AppendTx, request: AppendRequest, plan: rules.Plan, records: list[Record]) -> None:
         """Give back the kept snapshot, advanced by the written plan."""

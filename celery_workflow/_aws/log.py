@@ -18,6 +18,13 @@ item by itself is :class:`~celery_workflow.errors.EventTooLarge`, as before. The
 may be inside an item (``after_slot``) finds the item that holds it first: ``sk <= EVENT#<slot>``, newest first,
 one item (:func:`read_events`).
 
+**Slot 1** (``run_created``) has no item of its own: the run's META item keeps it (attribute ``run_created``, one
+entry as above with its time, :func:`created_entry` / :func:`created_of`), so a run's creation writes one item and a
+delivery's read of a new run is META alone. Readers from slot 1 take it from META (:func:`read_events`: the META the
+caller read, or one ``GetItem``). A ``run_created`` too large to sit beside the view with room for its output gets its
+own ``EVENT#1`` item, as earlier versions wrote every run's; META ``run_created`` then names that item (a string),
+and earlier versions' runs have no such attribute: both read from ``EVENT#1``.
+
 **Items of earlier versions** (one event per item: ``run_id``, ``slot``, ``event_type``, ``correlation_id``,
 ``data``, ``created_at``) are read as packs of one (:func:`events_of`): tables written before packs need no
 migration. An earlier version cannot read packs: upgrade every writer and reader of a table together.
@@ -36,12 +43,21 @@ from typing import Any
 
 from celery_workflow import ids
 from celery_workflow._aws.items import CODEC, item_size, plain, value_size
-from celery_workflow._aws.table import MAX_ITEM_BYTES, TTL_ATTRIBUTE, event_sk, run_pk
-from celery_workflow.errors import EventTooLarge
+from celery_workflow._aws.table import CREATED, MAX_ITEM_BYTES, META, TTL_ATTRIBUTE, event_sk, run_pk
+from celery_workflow.errors import EventTooLarge, RunNotFound
 from celery_workflow.events import STEP_EVENTS, Event, EventType, StepView
 from celery_workflow.rules import step_after
 
-__all__ = ["EVENTS", "events_of", "last_slot", "pack_items", "read_events", "step_views"]
+__all__ = [
+    "EVENTS",
+    "created_entry",
+    "created_of",
+    "events_of",
+    "last_slot",
+    "pack_items",
+    "read_events",
+    "step_views",
+]
 
 Item = dict[str, Any]
 
@@ -128,19 +144,59 @@ def last_slot(item: Mapping[str, Any]) -> int:
     return first + len(item[EVENTS]["L"]) - 1 if EVENTS in item else first
 
 
+def created_entry(first: Event) -> dict[str, Any]:
+    """The run's ``run_created`` event (slot 1) as its META item keeps it (:data:`~celery_workflow._aws.table.CREATED`):
+    an entry of a pack, its time included."""
+    return _entry(first, -1)
+
+
+def created_of(meta: Mapping[str, Any]) -> Event | None:
+    """The ``run_created`` event a run's META item keeps; None when it is in an ``EVENT#`` item (a run created by an
+    earlier version, or whose ``run_created`` did not fit beside the view: META ``run_created`` names that item, or
+    is absent)."""
+    value = meta.get(CREATED)
+    if value is None or "L" not in value:
+        return None
+    kind, cid, data, at = value["L"]
+    run_id = meta["pk"]["S"][len("RUN#") :]
+    return CODEC.event((run_id, 1, kind["S"], cid.get("S"), bytes(data["B"]), int(at["N"])))
+
+
 def read_events(
-    table: Any, run_id: str, *, after_slot: int = 0, limit: int | None = None, sizes: dict[str, int] | None = None
+    table: Any,
+    run_id: str,
+    *,
+    after_slot: int = 0,
+    limit: int | None = None,
+    sizes: dict[str, int] | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> list[Event]:
-    """The run's events after ``after_slot`` (at most ``limit``), in slot order, by consistent queries: the item that
-    holds slot ``after_slot + 1`` when it may begin before it (newest ``EVENT#`` key at or below it), then the items
-    after it. ``table``: the World's :class:`~celery_workflow._aws.dynamo.Table`. ``sizes``: filled with the sort key
-    and size of every item read (what a run's end gives its time to live: :mod:`celery_workflow._aws.kept`)."""
+    """The run's events after ``after_slot`` (at most ``limit``), in slot order, by consistent reads: from slot 1, the
+    run's META item (``meta``, when the caller read it; else one ``GetItem``), which keeps ``run_created``
+    (:func:`created_of`); the item that holds slot ``after_slot + 1`` when it may begin before it (newest ``EVENT#``
+    key at or below it); then the items after it (one ``Query``). ``table``: the World's
+    :class:`~celery_workflow._aws.dynamo.Table`. ``sizes``: filled with the sort key and size of every ``EVENT#``
+    item read (what a run's end gives its time to live: :mod:`celery_workflow._aws.kept`). RunNotFound when slot 1 is
+    asked for and the run does not exist."""
     if limit is not None and limit <= 0:
         return []
     pk = {"S": run_pk(run_id)}
     out: list[Event] = []
     start = after_slot + 1
-    if after_slot > 0:  # slot 1 begins the first item (create_run's): from 0, the forward query finds everything
+    if after_slot == 0:
+        if meta is None:
+            meta = table.get({"pk": run_pk(run_id), "sk": META})
+            if meta is None:
+                raise RunNotFound(f"run {run_id} does not exist")
+        created = created_of(meta)
+        if created is not None:  # no EVENT#1 item: the log's items begin at slot 2
+            out.append(created)
+            start = 2
+            if limit is not None and len(out) >= limit:
+                return out
+            if int(meta.get("event_count", {}).get("N", "0")) <= 1:
+                return out  # nothing else was written when META was read
+    elif after_slot > 0:  # slot 1 begins the first item (create_run's): from 0, the forward query finds everything
         covering = table.query(
             "Query (events: the item holding a slot)",
             KeyConditionExpression="pk = :pk AND sk BETWEEN :lo AND :hi",

@@ -14,7 +14,8 @@ queue record                       ``QUEUE#<deliveryId>``   ``META``
 workflow schedule                  ``SCHEDULES``            ``SCHEDULE#<scheduleId>``
 =================================  =======================  ====================================================
 
-The events of one append are one item (:mod:`celery_workflow._aws.log`: several at consecutive first slots when they
+A run's ``run_created`` (slot 1) is kept in its META item (:data:`CREATED`; its own ``EVENT#1`` item in runs of
+earlier versions, or when too large). The events of one append are one item (:mod:`celery_workflow._aws.log`: several at consecutive first slots when they
 exceed an item; items of earlier versions, one event each, read as packs of one), so an event is found by the newest
 ``EVENT#`` key at or below its slot. Steps have no items: their views are folded from the log (``STEP#<stepId>``
 items that earlier versions wrote are not read, and are deleted with their run's partition).
@@ -68,9 +69,10 @@ __all__ = [
 
 #: The table's time-to-live attribute: epoch seconds after which DynamoDB deletes the item, and readers ignore it.
 TTL_ATTRIBUTE = "expires_at"
-#: A run's META attribute naming where its ``run_created`` event (slot 1) is: the sort key of its ``EVENT#`` item.
-#: Versions before it (issue #31, item 3) did not write it, and may have written ``STEP#`` items: what a run's end
-#: gives its time to live is known only for runs that have it.
+#: A run's META attribute holding its ``run_created`` event (slot 1: :mod:`celery_workflow._aws.log`), or, for one too
+#: large to sit beside the view, the sort key of its ``EVENT#1`` item. Versions before it (issue #31, item 3) did not
+#: write it (their runs have ``EVENT#1``, and may have ``STEP#`` items: what a run's end gives its time to live is
+#: known only for runs that have it).
 CREATED = "run_created"
 #: A run's META attribute: the names of its streams (a string set, added by a stream's first write or close), so a
 #: run's end knows its partition holds ``STREAM#`` and ``CHUNK#`` items.

@@ -59,10 +59,11 @@ from celery_workflow._aws.items import (
     run_item,
     run_of,
     to_item,
+    value_size,
     view_of,
 )
 from celery_workflow._aws.kept import Kept
-from celery_workflow._aws.log import pack_items, read_events, step_views
+from celery_workflow._aws.log import created_entry, pack_items, read_events, step_views
 from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.retention import outlive_runs
 from celery_workflow._aws.schedule_items import DynamoSchedules
@@ -209,16 +210,21 @@ class AWSWorld(TemplateWorld, StoreStreams):
         meta = {
             **run_item(view),
             **to_item({"created_hooks": {}, "outbox": {r.id: ids.to_micros(view.created_at) for r in records}}),
-            CREATED: {"S": event_sk(first.slot)},  # where run_created is (and: no STEP# items in this run)
         }
         if item_size(meta) > MAX_ITEM_BYTES:
             raise EventTooLarge(
                 f"run {run.run_id}'s view is {item_size(meta)} bytes; DynamoDB stores at most {MAX_ITEM_BYTES}"
             )
+        # run_created (slot 1) is kept in META, with room left for what the view takes later (its output, an error);
+        # one that does not fit beside it has its own EVENT#1 item, which META names (see celery_workflow._aws.log)
+        entry = created_entry(first)
+        inline = item_size(meta) + len(CREATED) + value_size(entry) + self.max_payload + _ITEM_ROOM <= MAX_ITEM_BYTES
+        meta[CREATED] = entry if inline else {"S": event_sk(first.slot)}  # and: this run has no STEP# items
         actions: list[dict[str, Any]] = [
             {"Put": {"TableName": self.table.name, "Item": meta, "ConditionExpression": "attribute_not_exists(pk)"}},
         ]
-        actions += [{"Put": {"TableName": self.table.name, "Item": item}} for item in pack_items([first])]
+        if not inline:
+            actions += [{"Put": {"TableName": self.table.name, "Item": item}} for item in pack_items([first])]
         actions += [{"Put": {"TableName": self.table.name, "Item": r.item()}} for r in records]
         try:
             self.table.transact("TransactWriteItems (create_run)", actions)
@@ -249,7 +255,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         meta = self._meta(run_id)
         view = run_of(meta)
         sizes: dict[str, int] = {}  # the log's items: what the run's end gives its time to live
-        log = read_events(self.table, run_id, limit=view.event_count, sizes=sizes)
+        log = read_events(self.table, run_id, limit=view.event_count, sizes=sizes, meta=meta)
         kept = Kept.read(meta, log, sizes) if len(log) == view.event_count else None
         if kept is not None:
             self._append.kept.put(kept)
@@ -333,7 +339,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
         """The run's events after ``after_slot``, from its ``EVENT#`` items (an append's events in one item, or an
-        earlier version's single event: :mod:`celery_workflow._aws.log`)."""
+        earlier version's single event) and, from slot 1, its META item, which keeps ``run_created``
+        (:mod:`celery_workflow._aws.log`)."""
         out = read_events(self.table, run_id, after_slot=after_slot, limit=limit)
         if not out:
             self._meta(run_id)

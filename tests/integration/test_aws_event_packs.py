@@ -40,8 +40,9 @@ def test_an_appends_events_are_one_item(aws: Aws) -> None:
     run = create(world, started=True)
     world.append(run.run_id, steps("a", "b"))
     items = event_items(aws, run.run_id)
-    assert [i["sk"]["S"] for i in items] == [f"EVENT#{n:026d}" for n in (1, 2, 3)]
-    assert [len(events_of(i)) for i in items] == [1, 1, 6]
+    # run_created (slot 1) is kept in the run's META (issue #31, item 3): the log's items begin at slot 2
+    assert [i["sk"]["S"] for i in items] == [f"EVENT#{n:026d}" for n in (2, 3)]
+    assert [len(events_of(i)) for i in items] == [1, 6]
     log = world.list_events(run.run_id)
     assert [e.slot for e in log] == list(range(1, 9))
     assert [e.event_type for e in log[2:5]] == [
@@ -65,9 +66,9 @@ def test_events_that_do_not_fit_in_one_item_go_to_several(aws: Aws) -> None:
     big = "x" * 150_000
     world.append(run.run_id, [step_created(f"s{i}", args=[big]) for i in range(5)])
     items = event_items(aws, run.run_id)
-    sizes = [len(events_of(i)) for i in items[2:]]
+    sizes = [len(events_of(i)) for i in items[1:]]  # after run_started's (run_created is in META)
     assert sum(sizes) == 5 and len(sizes) > 1 and all(n >= 1 for n in sizes)
-    firsts = [int(i["sk"]["S"][len("EVENT#") :]) for i in items[2:]]
+    firsts = [int(i["sk"]["S"][len("EVENT#") :]) for i in items[1:]]
     assert firsts == [3 + sum(sizes[:k]) for k in range(len(sizes))]  # consecutive first slots
     assert [e.slot for e in world.list_events(run.run_id)] == list(range(1, 8))
     assert [e.correlation_id for e in world.list_events(run.run_id, after_slot=3)] == ["s1", "s2", "s3", "s4"]

@@ -88,7 +88,7 @@ def test_a_run_end_on_its_kept_snapshot_times_its_earlier_items_and_waits(aws: A
     world.get_run_with_events(run.run_id)  # a delivery's read: the end is planned on it
     (end,) = world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)]).events
     ttls = _ttls(aws, run.run_id)
-    assert sorted(ttls) == ["EVENT#" + f"{slot:026d}" for slot in range(1, 7)] + ["META"]  # the wait deleted
+    assert sorted(ttls) == ["EVENT#" + f"{slot:026d}" for slot in range(2, 7)] + ["META"]  # the wait deleted
     assert set(ttls.values()) == {_due(end)}, ttls
     assert _expiry(aws, run.run_id) is None and aws.schedules() == []
     past = datetime.fromtimestamp(_due(end) + 1, UTC)
@@ -110,7 +110,7 @@ def test_a_run_end_planned_on_fresh_reads_queues_the_expiry(aws: Aws) -> None:
     assert _expiry(aws, run.run_id) is not None
     assert [s["Name"] for s in aws.schedules()] == [f"celery-workflow-expire-{run.run_id}"]
     ttls = _ttls(aws, run.run_id)
-    assert ttls[f"EVENT#{1:026d}"] is None and ttls["META"] == _due(end)
+    assert ttls[f"EVENT#{2:026d}"] is None and ttls["META"] == _due(end)
 
 
 def test_a_run_that_retains_a_token_keeps_the_scheduled_expiry(aws: Aws) -> None:
@@ -135,7 +135,7 @@ def test_a_run_whose_earlier_items_do_not_fit_the_transaction_queues_the_expiry(
     (end,) = world.append(run.run_id, [ev(EventType.RUN_COMPLETED, output=1)]).events
     assert _expiry(aws, run.run_id) is not None
     ttls = _ttls(aws, run.run_id)
-    assert ttls["META"] == _due(end) and ttls[f"EVENT#{1:026d}"] is None
+    assert ttls["META"] == _due(end) and ttls[f"EVENT#{2:026d}"] is None
 
 
 def test_a_run_an_earlier_version_created_queues_the_expiry(aws: Aws) -> None:

@@ -181,7 +181,8 @@ def test_the_table_is_laid_out_as_the_seed_says(aws: Aws) -> None:
     record = next(pk for pk, _ in keys if pk.startswith("QUEUE#"))
     assert keys == {
         ("RUN#wrun_layout", "META"),
-        *{("RUN#wrun_layout", f"EVENT#{n:026d}") for n in (1, 2, 3)},  # the append of three events: one item
+        *{("RUN#wrun_layout", f"EVENT#{n:026d}") for n in (2, 3)},  # the append of three events: one item
+        # (run_created, slot 1, is kept in META: issue #31, item 3)
         ("RUN#wrun_layout", "WAIT#wait:1"),
         ("RUN#wrun_layout", "STREAM#cHJvZ3Jlc3M"),
         ("RUN#wrun_layout", "CHUNK#cHJvZ3Jlc3M#0000000000"),
