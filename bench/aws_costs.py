@@ -8,8 +8,8 @@ deployment runs them: an SQS event source mapping (simulated: ``ReceiveMessage``
 DynamoDB, SQS and Scheduler call goes through a :class:`celery_workflow.aws_costs.CostCounter`, which computes units by
 AWS's sizing rules (moto's own ``ReturnConsumedCapacity`` is not faithful). The runs are kept ``--retention-days``
 (``AWSConfig.retention``): their items' storage and point-in-time recovery are counted for that long (those with a
-time to live two days longer, DynamoDB's deletion delay), and each run's expiry delivery is run as it would be once
-due and counted. Then an idle Celery worker's receiving (the SQS transport, consuming the default queue) is counted
+time to live two days longer, DynamoDB's deletion delay), and each run's expiry delivery, when its end queued one,
+is run as it would be once due and counted. Then an idle Celery worker's receiving (the SQS transport, consuming the default queue) is counted
 for ``--idle-seconds`` at two long-poll lengths and scaled to an hour.
 
 It prints dollars per million steps by service, against the targets (10-step <= $3.50, 1-step <= $10), beside Step
@@ -176,7 +176,8 @@ def expire(counter: Any, wf: Any, plain: Any, run_ids: list[str], pricing: Prici
     """What the runs' retention costs: their items' storage (and point-in-time recovery) for the retention, those with
     a time to live until DynamoDB deletes them, then their expiry deliveries, run as they would be once due (the
     clock moved past it): the claim, the run's reads and the deletes of what has no time to live, counted; the SQS
-    receive, the event source mapping's delete and the Lambda request are a tenth each (batches of 10)."""
+    receive, the event source mapping's delete and the Lambda request are a tenth each (batches of 10). A run whose
+    end queued no expiry (its ``QUEUE#expire-`` record, read uncounted, is absent) costs only its storage."""
     from celery_workflow import ids
     from celery_workflow._aws.queue import BODY_KEY
     from celery_workflow._aws.table import TTL_ATTRIBUTE
@@ -194,6 +195,9 @@ def expire(counter: Any, wf: Any, plain: Any, run_ids: list[str], pricing: Prici
         timed = [i for i in items if TTL_ATTRIBUTE in i]
         counter.storage([i for i in items if TTL_ATTRIBUTE not in i], months, pitr=pricing.pitr, kind="run items")
         counter.storage(timed, months + pricing.ttl_delay_days / 30, pitr=pricing.pitr, kind="run items (TTL)")
+        key = {"pk": {"S": f"QUEUE#expire-{run_id}"}, "sk": {"S": "META"}}
+        if "Item" not in plain.get_item(TableName=TABLE, Key=key, ConsistentRead=True):
+            continue  # its end gave every item its time to live and queued no expiry (issue #31, item 3)
         later = real() + timedelta(days=pricing.retention_days + 1)
         ids.utcnow = lambda later=later: later  # type: ignore[misc]
         try:
