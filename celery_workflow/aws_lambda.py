@@ -31,7 +31,9 @@ deadline, no further message is started: the rest are reported with their visibi
 takes them at once, and deliveries already running queue their next steps instead of running them inline. A
 handed-off message counts as a receive toward the dead-letter queue's ``maxReceiveCount``. A message received for
 the ``maxReceiveCount``-th time is not run: it is moved to the dead-letter queue here (SQS would move it silently on
-its next receive) and its run failed with :class:`~celery_workflow.errors.DeadLettered` as the cause.
+its next receive) and its run failed with :class:`~celery_workflow.errors.DeadLettered` as the cause. After a batch
+that ends before halfway, the handler runs the World's outbox sweep, at most once a minute per function instance
+(:class:`celery_workflow._aws.starts.OutboxSweeper`: a start whose writer stopped before sending it is sent).
 
 :func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
 (API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
@@ -57,6 +59,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery_workflow import dead_letters
+from celery_workflow._aws.starts import OutboxSweeper
 from celery_workflow.app import Workflows
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.world import Claim, ClaimedDelivery, World
@@ -110,6 +113,7 @@ def queue_handler(
     """The SQS Lambda handler of ``wf`` (whose World is an :class:`~celery_workflow.world_sqs.AWSWorld`); see the
     module docstring. ``extend_every`` / ``extend_to``: the visibility keep-alive of a running delivery."""
     world = _aws_world(wf.world)
+    sweeper = OutboxSweeper(world.queue.starts)
 
     def handler(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
         started = time.monotonic()
@@ -126,6 +130,9 @@ def queue_handler(
                 break
             if not _run_one(wf, world, message, halfway, keep_alive=(extend_every, extend_to)):
                 failures.append({"itemIdentifier": str(message["messageId"])})
+        else:
+            if time.monotonic() < halfway:
+                _quietly(sweeper.tick)
         return {"batchItemFailures": failures}
 
     return handler

@@ -212,7 +212,7 @@ class AWSAppend:
         wanted += [{"pk": pk, "sk": wait_sk(w)} for w in keys.waits]
         wanted += [{"pk": hook_pk(run_id, h), "sk": META} for h in keys.hooks]
         wanted += [{"pk": token_pk(t), "sk": META} for t in keys.tokens]
-        if receipt is not None:
+        if receipt is not None and not receipt.start:  # a start has no record: META says whether it is done
             wanted.append({"pk": queue_pk(receipt.id), "sk": META})
         if request.ends_run:  # a child run's end wakes its parent: the link its run_created records (an earlier
             wanted.append({"pk": pk, "sk": event_sk(1)})  # version's EVENT#1; this one's is in META, mostly)
@@ -257,7 +257,12 @@ class AWSAppend:
             snapshot.parent = parent_data(head)
             snapshot.parent_known = True
             tx.waits = [from_item(i)["wait_id"] for i in world.table.partition(pk, "WAIT#", what="Query (waits)")]
-        if receipt is not None:
+        if receipt is not None and receipt.start:
+            if "start" in meta:
+                tx.ack = receipt  # its META update removes ``start`` (celery_workflow._aws.starts)
+            else:
+                tx.delete_message = receipt  # done already (a duplicate of the start): only the message is left
+        elif receipt is not None:
             record = found.get((queue_pk(receipt.id), META))
             if record is None:
                 tx.delete_message = receipt  # acked already (or never recorded): only the message is left
@@ -359,7 +364,7 @@ class AWSAppend:
         tx.written = {}
         actions, cleanup = self._actions(tx, request, plan, [*records, *([expiry] if expiry else [])])
         ack_index = None
-        if tx.ack is not None:
+        if tx.ack is not None and not tx.ack.start:  # a start's ack is its META update's (append_meta)
             ack_index = len(actions)
             actions.append(
                 {

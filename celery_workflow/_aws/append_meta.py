@@ -108,6 +108,8 @@ def meta_update(
         sets.append(f"{name('write_id')} = {value({'S': write_id})}")
     for record in records:
         sets.append(f"{name('outbox')}.{name(record.id)} = {value({'N': str(ids.to_micros(ids.utcnow()))})}")
+    if tx.ack is not None and tx.ack.start:  # the run's start is done (celery_workflow._aws.starts)
+        removes.append(name("start"))
     # a wake-up is queued only while none is: the append that queues one marks the run, one that leaves its own
     # out holds only while the mark is the one it read (the claim that clears it comes before the log is read)
     # (a delivery that held the run's wake-ups ends the hold with its ack, on the condition that it still holds)

@@ -3,7 +3,8 @@
 SQS moves a message to the dead-letter queue by itself once it was received ``maxReceiveCount`` times; the SQS
 transport and the Lambda handler move it themselves one receive earlier (so they can fail its run with the cause and
 announce it), and at once when a consumer rejects it without requeue. A moved message keeps its body (for a World
-delivery: the pointer to its ``QUEUE#`` record, which stays, so a redrive finds it) and carries message attributes
+delivery: the pointer to its ``QUEUE#`` record, which stays, so a redrive finds it; a run's start carries its payload
+and its run's META keeps ``start``: :mod:`celery_workflow._aws.starts`) and carries message attributes
 saying where it came from and why: ``dead_letter.queue``, ``.reason``, ``.error``, ``.receives``, ``.run``, ``.at``.
 
 Listing receives the dead-letter queues' messages with a short visibility timeout and makes them visible again at
@@ -170,7 +171,12 @@ class SQSDeadLetters:
         parsed = body_of(body)
         if parsed is None:
             return body.encode()
-        from celery_workflow._aws.queue import Record
+        from celery_workflow._aws.queue import Record, parse_body
+        from celery_workflow._aws.starts import start_of
+
+        start = start_of(parse_body(body) or {})
+        if start is not None:  # a run's start carries its payload (it has no record)
+            return start[2]
 
         found = self.world.queue.table.get_many([{"pk": queue_pk(parsed[0]), "sk": META}])
         return Record.from_item(found[0]).payload if found else body.encode()

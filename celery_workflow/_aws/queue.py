@@ -15,7 +15,8 @@ record:
   delivery id; bodies carry a unique ``publish`` field so the content-based deduplication the Scheduler relies on
   never drops a second publication of the same delivery.
 
-Publishing is not atomic with the append. Each append that creates records also lists them in its run's ``outbox``
+A run's start (the delivery ``create_run`` writes due now) has no record: its run's META holds it and its message
+carries the payload (:mod:`celery_workflow._aws.starts`). Publishing is not atomic with the append. Each append that creates records also lists them in its run's ``outbox``
 (in the same transaction); once published they leave it. A record left in an outbox (the writer died between its
 commit and its publication) is published again when a delivery of that run is received again (a redelivery, or a
 message whose record is gone) or when the run is started again: nothing waits forever on a message never sent.
@@ -32,22 +33,21 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed, Table
 from celery_workflow._aws.items import from_item, to_item
+from celery_workflow._aws.sqs_calls import SQSCalls
+from celery_workflow._aws.starts import Start, Starts, start_of
 from celery_workflow._aws.table import META, queue_pk, run_pk
 from celery_workflow.dead_letters import DeadLetter
-from celery_workflow.errors import ConfigurationError, WorldError, WorldUnavailable
+from celery_workflow.errors import ConfigurationError, WorldError
 from celery_workflow.world import ClaimedDelivery, Delivery
 
 if TYPE_CHECKING:
@@ -64,7 +64,6 @@ BODY_KEY = "celery_workflow"
 WAKE_KEY = "wake"
 #: A message that arrives at most this early is delivered anyway (SQS delays are whole seconds).
 EARLY_TOLERANCE = timedelta(seconds=1)
-MAX_VISIBILITY = 12 * 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +122,22 @@ class Record:
         return json.dumps({BODY_KEY: 1, "id": self.id, "run": self.run_id, "publish": ids.ulid()})
 
 
-def body_of(text: str) -> tuple[str, str | None] | None:
-    """``(record id, run id)`` of one of our message bodies, or None for a body that is not ours."""
+def parse_body(text: str) -> dict[str, Any] | None:
+    """One of our message bodies, parsed; None for a body that is not ours."""
     try:
         data = json.loads(text)
     except (TypeError, ValueError):
         return None
     if not isinstance(data, dict) or data.get(BODY_KEY) != 1 or not isinstance(data.get("id"), str):
+        return None
+    return data
+
+
+def body_of(text: str) -> tuple[str, str | None] | None:
+    """``(record id, run id)`` of one of our message bodies (a start's: its start id), or None for a body that is not
+    ours."""
+    data = parse_body(text)
+    if data is None:
         return None
     run = data.get("run")
     return data["id"], run if isinstance(run, str) else None
@@ -140,32 +148,41 @@ def body_of(text: str) -> tuple[str, str | None] | None:
 RECEIPT_TAGS = ("sqs", "esm")
 
 
+#: The tag's suffix of a run's start (no record: ``id`` is the run's id, ``claim`` the message's receive count).
+START_TAG = "+start"
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """What a claim's receipt string carries. ``esm``: the message came from a Lambda event source mapping, which
-    deletes it when the handler does not report it in ``batchItemFailures``: the World never deletes it itself."""
+    deletes it when the handler does not report it in ``batchItemFailures``: the World never deletes it itself.
+    ``start``: a run's start, which has no record (:mod:`celery_workflow._aws.starts`): ``id`` is the run's id."""
 
     queue: str
     id: str
     claim: int
     handle: str
     esm: bool = False
+    start: bool = False
 
     def __str__(self) -> str:
-        return f"{RECEIPT_TAGS[self.esm]}|{self.queue}|{self.id}|{self.claim}|{self.handle}"
+        tag = RECEIPT_TAGS[self.esm] + (START_TAG if self.start else "")
+        return f"{tag}|{self.queue}|{self.id}|{self.claim}|{self.handle}"
 
     @classmethod
     def parse(cls, text: str) -> Receipt:
         try:
             tag, queue, record, claim, handle = text.split("|", 4)
+            start = tag.endswith(START_TAG)
+            tag = tag.removesuffix(START_TAG)
             if tag not in RECEIPT_TAGS or not handle:
                 raise ValueError(text)
-            return cls(queue, record, int(claim), handle, tag == "esm")
+            return cls(queue, record, int(claim), handle, tag == "esm", start)
         except (AttributeError, ValueError) as exc:
             raise WorldError(f"malformed AWS World receipt {text!r}") from exc
 
 
-class SQSQueue:
+class SQSQueue(SQSCalls):
     """The queue facet of an :class:`~celery_workflow._aws.world.AWSWorld`."""
 
     #: How many receipts settled by an append this process remembers (see :meth:`settled`).
@@ -175,12 +192,16 @@ class SQSQueue:
         self.world = world
         self.sqs = sqs
         # claims settled by this process's appends, oldest first; single dict operations need no lock
-        self._settled: dict[tuple[str, str, int], None] = {}
+        self._settled: dict[str, None] = {}
+        #: Runs' start deliveries, which have no record (celery_workflow._aws.starts).
+        self.starts = Starts(self)
 
     def settled(self, r: Receipt) -> None:
         """Remember that an append acked this claim (record deleted in its transaction, message deleted after), so
         the transport's or the Lambda handler's ack that follows costs no second delete of either."""
-        self._settled[(r.queue, r.id, r.claim)] = None
+        self._settled[str(r)] = None
+        if r.start:
+            self.starts.settled(r)
         if len(self._settled) > self.SETTLED_KEPT:
             try:
                 self._settled.pop(next(iter(self._settled)), None)
@@ -189,7 +210,7 @@ class SQSQueue:
 
     def _was_settled(self, r: Receipt) -> bool:
         """Whether an append of this process settled the claim (forgotten once asked)."""
-        return self._settled.pop((r.queue, r.id, r.claim), False) is None
+        return self._settled.pop(str(r), False) is None
 
     @property
     def config(self) -> AWSConfig:
@@ -198,24 +219,6 @@ class SQSQueue:
     @property
     def table(self) -> Table:
         return self.world.table
-
-    # -- SQS calls ---------------------------------------------------------------------------------------------------
-
-    def _sqs(self, what: str, fn: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(**kwargs)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("ReceiptHandleIsInvalid", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"):
-                if "Receipt" in code:
-                    return None  # the message is gone (deleted, or its receipt expired): nothing to do
-                raise WorldError(f"SQS {what}: queue not found ({exc})") from exc
-            if code in ("ThrottlingException", "RequestThrottled", "ServiceUnavailable", "InternalError",
-                        "KmsThrottled", "OverLimit"):  # fmt: skip
-                raise WorldUnavailable(f"SQS {what}: {code}") from exc
-            raise WorldError(f"SQS {what}: {code}: {exc}") from exc
-        except BotoCoreError as exc:
-            raise WorldUnavailable(f"SQS {what}: {exc}") from exc
 
     # -- publishing --------------------------------------------------------------------------------------------------
 
@@ -233,12 +236,15 @@ class SQSQueue:
                         " AWSConfig(scheduler=…)"
                     )
 
-    def publish(self, run_id: str, records: Sequence[Record]) -> None:
-        """Send the messages of records an append of ``run_id`` wrote, then take them out of its outbox."""
+    def publish(self, run_id: str, records: Sequence[Record], start: Start | None = None) -> None:
+        """Send the messages of records an append of ``run_id`` wrote (and of the run's start, which ``create_run``
+        wrote in META), then take them out of its outbox."""
         now = ids.utcnow()
         for record in records:
             self.send(record, now=now)
-        self.clear_outbox(run_id, [r.id for r in records])
+        if start is not None:
+            self.starts.send(start)
+        self.clear_outbox(run_id, [r.id for r in records], start=start is not None)
 
     def send(self, record: Record, *, now: datetime | None = None) -> None:
         """Put one record's message on its queue now or later (see the module docstring)."""
@@ -252,11 +258,20 @@ class SQSQueue:
         self.send_body(record.queue, record.body(), delay=delay, group=group, dedup=record.id)
 
     def republish(self, run_id: str) -> int:
-        """Publish again the records still in the run's outbox (their writer died before sending them); how many."""
+        """Publish again what the run's outbox still holds (its writer died before sending it): the records it
+        lists, and a pending run's start (:mod:`celery_workflow._aws.starts`); how many messages."""
         meta = self.table.get({"pk": run_pk(run_id), "sk": META})
-        outbox = sorted((from_item(meta).get("outbox") or {}) if meta else {})
+        return 0 if meta is None else self.republish_meta(run_id, meta, starts=None)
+
+    def republish_meta(self, run_id: str, meta: Mapping[str, Any], *, starts: bool | None = False) -> int:
+        """:meth:`republish` on the run's META as read (typed). ``starts``: whether an unsent start is sent too (None:
+        when the run is pending; a start that ran already only lost its outbox clean-up)."""
+        outbox = sorted(from_item(meta).get("outbox") or {})
+        sent = 0
+        if starts or (starts is None and meta.get("status", {}).get("S") == "pending"):
+            sent += self.starts.resend(meta)
         if not outbox:
-            return 0
+            return sent
         found = self.table.get_many([{"pk": queue_pk(i), "sk": META} for i in outbox])
         records = [Record.from_item(item) for item in found]
         for record in records:
@@ -264,20 +279,22 @@ class SQSQueue:
         self.clear_outbox(run_id, outbox)
         if records:
             log.warning("run %s: published %d delivery(ies) left unsent by a writer that stopped", run_id, len(records))
-        return len(records)
+        return sent + len(records)
 
-    def clear_outbox(self, run_id: str, record_ids: Sequence[str]) -> None:
-        """Take published records out of the run's outbox (best effort: a leftover is only published again)."""
-        if not record_ids:
+    def clear_outbox(self, run_id: str, record_ids: Sequence[str], *, start: bool = False) -> None:
+        """Take published records out of the run's outbox, and a sent start's payload out of META (best effort: a
+        leftover is only published again)."""
+        if not record_ids and not start:
             return
         names = {f"#o{i}": rid for i, rid in enumerate(record_ids)}
+        paths = [f"outbox.{n}" for n in names] + (["start_queue", "start_z"] if start else [])
         try:
             self.table.update(
                 "UpdateItem (outbox)",
                 Key={"pk": {"S": run_pk(run_id)}, "sk": {"S": META}},
-                UpdateExpression="REMOVE " + ", ".join(f"outbox.{n}" for n in names),
+                UpdateExpression="REMOVE " + ", ".join(paths),
                 ConditionExpression="attribute_exists(pk)",
-                ExpressionAttributeNames=names,
+                **({"ExpressionAttributeNames": names} if names else {}),
             )
         except (ConditionFailed, WorldError) as exc:  # the run is gone, or DynamoDB is busy: leftovers are harmless
             log.debug("cannot clear the outbox of run %s: %s", run_id, exc)
@@ -323,12 +340,16 @@ class SQSQueue:
             if not esm:
                 self.delete_message(queue, handle)
 
-        parsed = body_of(body)
-        if parsed is None:
+        data = parse_body(body)
+        if data is None:
             log.warning("acknowledging a message on %r that is not a celery_workflow delivery: %.200r", queue, body)
             done()
             return None
-        record_id, run_id = parsed
+        start = start_of(data)
+        if start is not None:  # a run's start: no record (celery_workflow._aws.starts)
+            return self.starts.accept(queue, handle, body, start, receive_count, esm=esm)
+        record_id, run = data["id"], data.get("run")
+        run_id = run if isinstance(run, str) else None
         try:
             item = self.table.update(
                 "UpdateItem (claim)",
@@ -388,6 +409,8 @@ class SQSQueue:
             r = Receipt.parse(receipt)
         except WorldError:
             return False
+        if r.start:
+            return self.starts.hold(run_id, r)
         table = self.table.name
         try:
             self.table.transact("TransactWriteItems (hold wake-ups)", [
@@ -447,6 +470,9 @@ class SQSQueue:
         r = Receipt.parse(receipt)
         if self._was_settled(r):
             return
+        if r.start:
+            self.starts.ack(r)
+            return
         if self.delete_record(r) and not r.esm:
             self.delete_message(r.queue, r.handle)
 
@@ -466,6 +492,8 @@ class SQSQueue:
         """Move the claimed message to its queue's dead-letter queue (its record stays, so a redrive finds it);
         None when the claim is stale or the queue has no dead-letter queue (then nothing moved)."""
         r = Receipt.parse(receipt)
+        if r.start:
+            return self.starts.dead_letter(r, reason=reason, error=error)  # type: ignore[no-any-return]
         found = self.table.get_many([{"pk": queue_pk(r.id), "sk": META}])
         if not found:
             return None
@@ -478,104 +506,19 @@ class SQSQueue:
         )  # fmt: skip
 
     def held(self, receipts: Sequence[Receipt]) -> list[Receipt]:
-        """The receipts whose claim is still their record's current one."""
+        """The receipts whose claim is still their record's current one (a start's: whose start is not done)."""
+        starts = self.starts.held([r for r in receipts if r.start])
+        receipts = [r for r in receipts if not r.start]
         if not receipts:
-            return []
+            return starts
         found = self.table.get_many([{"pk": queue_pk(r.id), "sk": META} for r in receipts])
         claims = {item["id"]["S"]: int(item.get("claim", {"N": "0"})["N"]) for item in found}
-        return [r for r in receipts if claims.get(r.id) == r.claim]
+        return [r for r in receipts if claims.get(r.id) == r.claim] + starts
 
     def set_visibility(self, receipts: Sequence[str], seconds: float) -> None:
         """Change the visibility of the messages of the claims that are still their records' current ones."""
         for r in self.held([Receipt.parse(text) for text in receipts]):
             self.change_visibility(r.queue, r.handle, seconds)
-
-    def change_visibility(self, queue: str, handle: str, seconds: float) -> None:
-        self._sqs(
-            "ChangeMessageVisibility",
-            self.sqs.change_message_visibility,
-            QueueUrl=self.world.queue_config(queue).url,
-            ReceiptHandle=handle,
-            VisibilityTimeout=visibility(seconds),
-        )
-
-    def receive(self, queue: str, *, limit: int, wait: float, lease: float) -> list[dict[str, Any]]:
-        """Raw SQS messages of ``queue`` (long-polling up to ``wait`` seconds, at most 20), hidden for ``lease``."""
-        answer = self._sqs(
-            "ReceiveMessage",
-            self.sqs.receive_message,
-            QueueUrl=self.world.queue_config(queue).url,
-            MaxNumberOfMessages=max(1, min(10, limit)),
-            VisibilityTimeout=visibility(lease),
-            AttributeNames=["ApproximateReceiveCount"],
-            MessageAttributeNames=["All"],
-            WaitTimeSeconds=max(0, min(20, math.ceil(wait))),
-        )
-        return list((answer or {}).get("Messages", []))
-
-    def send_body(
-        self, queue: str, body: str, *, delay: float = 0.0, group: str | None = None, dedup: str | None = None
-    ) -> None:
-        """Send a message body as it is (a plain Celery task's message, due within 15 minutes)."""
-        config = self.world.queue_config(queue)
-        kwargs: dict[str, Any] = {"QueueUrl": config.url, "MessageBody": body}
-        if config.fifo:
-            kwargs.update(MessageGroupId=group or "default", MessageDeduplicationId=dedup or ids.ulid())
-        elif delay > 0:
-            kwargs["DelaySeconds"] = min(int(MAX_SQS_DELAY.total_seconds()), math.ceil(delay))
-        self._sqs("SendMessage", self.sqs.send_message, **kwargs)
-
-    def approximate_size(self, queue: str) -> int:
-        """Messages waiting on ``queue`` (visible and delayed), as SQS estimates them."""
-        answer = self._sqs(
-            "GetQueueAttributes",
-            self.sqs.get_queue_attributes,
-            QueueUrl=self.world.queue_config(queue).url,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesDelayed"],
-        )
-        found = (answer or {}).get("Attributes", {})
-        return int(found.get("ApproximateNumberOfMessages", 0)) + int(
-            found.get("ApproximateNumberOfMessagesDelayed", 0)
-        )
-
-    def purge(self, queue: str) -> int:
-        """Delete every message of ``queue``; how many were waiting (visible and delayed, as :meth:`approximate_size`
-        counts them), which this purge removes.
-
-        SQS allows one purge per queue every 60 seconds and answers another within that minute with
-        ``PurgeQueueInProgress``. That purge is a purge (it is deleting the queue's messages): the answer is 0, as
-        this call removed nothing itself, and a warning says one is pending and that messages sent since it began
-        may remain. So a caller that purges until the count reads 0 (Celery's test manager) stops, and
-        ``celery purge`` run twice in a minute reports the first purge's count, then none."""
-        config = self.world.queue_config(queue)
-        size = self.approximate_size(queue)
-        if self._sqs("PurgeQueue", self._purge_now, QueueUrl=config.url):
-            return size
-        log.warning(
-            "SQS queue %r (%s): a purge is already in progress (SQS allows one purge per queue every 60 seconds); it"
-            " deletes the messages sent before it began, within a minute. Messages sent since may remain: purge again"
-            " after that minute",
-            queue, config.url.rsplit("/", 1)[-1],
-        )  # fmt: skip
-        return 0
-
-    def _purge_now(self, **kwargs: Any) -> bool:
-        """``PurgeQueue``: True, or False when a purge of the queue is already in progress (other errors raise)."""
-        try:
-            self.sqs.purge_queue(**kwargs)
-        except ClientError as exc:
-            if _purge_in_progress(exc):
-                return False
-            raise
-        return True
-
-    def delete_message(self, queue: str, handle: str) -> None:
-        self._sqs(
-            "DeleteMessage",
-            self.sqs.delete_message,
-            QueueUrl=self.world.queue_config(queue).url,
-            ReceiptHandle=handle,
-        )
 
 
 def scheduled(record: Record, queue: QueueConfig, now: datetime) -> bool:
@@ -583,16 +526,3 @@ def scheduled(record: Record, queue: QueueConfig, now: datetime) -> bool:
     or later at all on a FIFO queue (FIFO queues take no per-message delay)."""
     delay = record.due - now
     return delay > MAX_SQS_DELAY or (queue.fifo and delay >= EARLY_TOLERANCE)
-
-
-def _purge_in_progress(exc: ClientError) -> bool:
-    """SQS's answer to a second purge of a queue within 60 seconds (``AWS.SimpleQueueService.PurgeQueueInProgress``
-    as botocore reads it from the JSON protocol's query-compatible header, ``PurgeQueueInProgress`` in the model)."""
-    error = exc.response.get("Error", {})
-    codes = (str(error.get("Code", "")), str(error.get("QueryErrorCode", "")))
-    return any(code.rsplit(".", 1)[-1] == "PurgeQueueInProgress" for code in codes)
-
-
-def visibility(seconds: float) -> int:
-    """An SQS visibility timeout: whole seconds, 0 to 12 hours."""
-    return max(0, min(MAX_VISIBILITY, math.ceil(seconds)))

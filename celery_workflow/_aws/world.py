@@ -14,7 +14,9 @@ Guarantees (the table layout is in :mod:`celery_workflow._aws.table`):
 * **Reads** are consistent reads of the base table; listings read an index (eventually consistent: a run created a
   moment ago may be missing) and then fetch the items with a consistent ``BatchGetItem``.
 * **Deliveries** (:mod:`celery_workflow._aws.queue`): ``QUEUE#`` records written with the append, then SQS messages
-  or Scheduler schedules; an outbox on the run makes a publication its writer never made happen later. Standard SQS
+  or Scheduler schedules; an outbox on the run makes a publication its writer never made happen later. A run's start
+  has no record: the pending run's META holds it until it is done, its message carries its payload, and the outbox
+  sweep of a worker's upkeep sends a start its writer never sent (:mod:`celery_workflow._aws.starts`). Standard SQS
   does not order, deduplicate or keep sub-second times: :attr:`AWSWorld.capabilities` says so.
 * **Limits**: an item over 400 KB is :class:`~celery_workflow.errors.EventTooLarge` (an ``EventInvalid``); an append
   needing more than 100 actions is ``EventInvalid``; throttling and service errors are
@@ -68,6 +70,7 @@ from celery_workflow._aws.queue import Record, SQSQueue
 from celery_workflow._aws.retention import outlive_runs
 from celery_workflow._aws.schedule_items import DynamoSchedules
 from celery_workflow._aws.schedules import Schedules
+from celery_workflow._aws.starts import OutboxSweeper, Start
 from celery_workflow._aws.streams import AWSStreams
 from celery_workflow._aws.table import (
     CREATED,
@@ -206,10 +209,14 @@ class AWSWorld(TemplateWorld, StoreStreams):
     def create_run(self, run: NewRun, deliveries: Sequence[Delivery] = ()) -> tuple[RunView, bool]:
         view, first = template.prepare_run(run, deliveries, ids.utcnow())
         self.queue.check(deliveries)
-        records = [Record.of(d, view.created_at) for d in deliveries]
+        # the run's start (its delivery due now) has no record: META holds it (celery_workflow._aws.starts)
+        starting = next((d for d in deliveries if d.run_id == run.run_id and d.not_before is None), None)
+        start = Start.of(starting) if starting is not None else None
+        records = [Record.of(d, view.created_at) for d in deliveries if d is not starting]
         meta = {
             **run_item(view),
             **to_item({"created_hooks": {}, "outbox": {r.id: ids.to_micros(view.created_at) for r in records}}),
+            **(start.attributes() if start is not None else {}),
         }
         if item_size(meta) > MAX_ITEM_BYTES:
             raise EventTooLarge(
@@ -235,7 +242,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
             found = template.existing_run(run_of(existing), run)
             self.queue.republish(run.run_id)  # a start retried after its first publication failed
             return found
-        self.queue.publish(run.run_id, records)
+        self.queue.publish(run.run_id, records, start)
         return view, True
 
     # -- storage: reads ------------------------------------------------------------------------------------------
@@ -542,8 +549,18 @@ class AWSWorld(TemplateWorld, StoreStreams):
         return {"world": "aws", "table": self.config.table_name}
 
     def start_upkeep(self) -> Upkeep | None:
-        """None: the AWS World's upkeep (retention) travels as deliveries."""
-        return None
+        """The outbox sweep (:class:`~celery_workflow._aws.starts.OutboxSweeper`): every minute, what the pending runs
+        of the last minutes left unsent (a start whose writer stopped before sending it) is sent. The retention
+        travels as deliveries."""
+        return OutboxSweeper(self.queue.starts).start()
+
+    def sweep_outbox(self, since: datetime, until: datetime | None = None) -> int:
+        """Send what the pending runs created between ``since`` and ``until`` (default: a minute ago) left unsent:
+        their start, and outbox entries their writer never published; how many runs had something sent (one
+        ``Query`` of the ``list`` index, then their META). A worker's upkeep does this every minute."""
+        from celery_workflow._aws.starts import SWEEP_GRACE
+
+        return self.queue.starts.sweep(since, until or ids.utcnow() - SWEEP_GRACE)
 
     def close(self) -> None:
         """Nothing to close: the boto3 clients are the caller's."""

@@ -390,32 +390,32 @@ def test_a_stale_receipt_changes_nothing(aws: Aws) -> None:
 
 def test_an_outbox_publishes_what_a_stopped_writer_left(aws: Aws, monkeypatch: pytest.MonkeyPatch) -> None:
     world = aws.world()
-    original = world.queue.send
+    original = world.queue.send_body
 
-    def lost(record: Any, *, now: Any = None) -> None:
+    def lost(*args: Any, **kwargs: Any) -> None:
         raise WorldUnavailable("SQS went away after the commit")
 
-    monkeypatch.setattr(world.queue, "send", lost)
+    monkeypatch.setattr(world.queue, "send_body", lost)
     with pytest.raises(WorldUnavailable):
         world.create_run(
             NewRun("wrun_outbox", "wf", {"args": [], "kwargs": {}}),
             [Delivery("celery", b"start", run_id="wrun_outbox")],
         )
-    assert world.get_run("wrun_outbox").event_count == 1  # committed, with its record, but never published
+    assert world.get_run("wrun_outbox").event_count == 1  # committed, its start in META, but never sent
     assert world.claim(["celery"]) == []
-    monkeypatch.setattr(world.queue, "send", original)
+    monkeypatch.setattr(world.queue, "send_body", original)
     _, created = world.create_run(
         NewRun("wrun_outbox", "wf", {"args": [], "kwargs": {}}), [Delivery("celery", b"start", run_id="wrun_outbox")]
     )
     assert not created  # the retried start finds the run and publishes what it left
     (claimed,) = world.claim(["celery"], lease=30)
     assert claimed.payload == b"start"
-    monkeypatch.setattr(world.queue, "send", lost)
+    monkeypatch.setattr(world.queue, "send_body", lost)
     with pytest.raises(WorldUnavailable):  # the delivery's next append committed, its publication failed
         world.append(
             "wrun_outbox", [ev(EventType.RUN_STARTED)], deliveries=[Delivery("celery", b"next", run_id="wrun_outbox")]
         )
-    monkeypatch.setattr(world.queue, "send", original)
+    monkeypatch.setattr(world.queue, "send_body", original)
     world.release(claimed.receipt)  # the worker died: its message comes back (a redelivery) ...
     again = world.claim(["celery"], lease=30)  # ... and republishes the run's outbox
     assert [c.payload for c in again] == [b"start"] and again[0].attempts == 2
