@@ -31,7 +31,15 @@ This module is the public face of the backend; its internals live in :mod:`celer
 from __future__ import annotations
 
 from celery_workflow._aws.config import AWSConfig, QueueConfig, SchedulerConfig
-from celery_workflow._aws.table import create_table, table_definition
+from celery_workflow._aws.table import create_table, rebuild_indexes, table_definition
 from celery_workflow._aws.world import AWSWorld
 
-__all__ = ["AWSConfig", "AWSWorld", "QueueConfig", "SchedulerConfig", "create_table", "table_definition"]
+__all__ = [
+    "AWSConfig",
+    "AWSWorld",
+    "QueueConfig",
+    "SchedulerConfig",
+    "create_table",
+    "rebuild_indexes",
+    "table_definition",
+]

@@ -1,5 +1,5 @@
 # The World's table, identical to what celery_workflow.world_sqs.create_table creates (table_definition()): string
-# keys pk/sk, the list and list_group indexes projecting only their keys and status, and time to live on expires_at.
+# keys pk/sk, the list index projecting its keys and status, list_group its keys only, and time to live on expires_at.
 resource "aws_dynamodb_table" "this" {
   name         = var.name
   billing_mode = "PAY_PER_REQUEST"
@@ -46,12 +46,13 @@ resource "aws_dynamodb_table" "this" {
     non_key_attributes = ["status"]
   }
 
+  # keys only: a run's status changes write nothing to it (list_runs(workflow=...) reads the status from META). A
+  # table of an earlier version (projecting status) has it rebuilt by the apply: deleted, then created and backfilled
   global_secondary_index {
-    name               = "list_group"
-    hash_key           = "list_group_pk"
-    range_key          = "list_group_sk"
-    projection_type    = "INCLUDE"
-    non_key_attributes = ["status"]
+    name            = "list_group"
+    hash_key        = "list_group_pk"
+    range_key       = "list_group_sk"
+    projection_type = "KEYS_ONLY"
   }
 
   server_side_encryption {

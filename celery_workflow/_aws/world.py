@@ -282,7 +282,9 @@ class AWSWorld(TemplateWorld, StoreStreams):
         created_until: datetime | None = None,
     ) -> Page[RunView]:
         """Runs newest first (by creation time) through an index, then their views by consistent reads. The cursor
-        is the index position of the last run returned."""
+        is the index position of the last run returned. ``list`` (every workflow) projects ``status``, so a status
+        filter is the query's; ``list_group`` (one workflow) projects only keys, so its runs are filtered by their
+        views (read in pages of ``limit + 1`` until the page is full or the index ends)."""
         wanted = RunFilter.of(
             workflow=workflow,
             status=status,
@@ -322,7 +324,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
             "ScanIndexForward": False,
         }
         filters = []
-        if wanted.status is not None:
+        if wanted.status is not None and index == "list":  # list_group projects no status: the views say it
             names["#s"] = "status"
             values[":s"] = {"S": wanted.status.value}
             filters.append("#s = :s")
@@ -331,18 +333,29 @@ class AWSWorld(TemplateWorld, StoreStreams):
             filters.append("begins_with(pk, :p)")
         if filters:
             query["FilterExpression"] = " AND ".join(filters)
-        positions: list[tuple[str, str]] = []  # (run id, index sort key)
+        found: list[tuple[RunView, str]] = []  # (view, index sort key) of the matching runs, newest first
+        batch: list[tuple[str, str]] = []  # (run id, index sort key) not read yet
+
+        def read(positions: list[tuple[str, str]]) -> None:
+            views = {
+                v.run_id: v
+                for v in map(run_of, self.table.get_many([{"pk": run_pk(r), "sk": META} for r, _ in positions]))
+            }
+            found.extend((views[r], at) for r, at in positions if r in views and wanted.matches(views[r]))
+
         for item in self.table.query("Query (list_runs)", **query):
             if item[sort_key]["S"] == upper:
                 continue  # BETWEEN's inclusive upper end: the cursor's own run
-            positions.append((item["pk"]["S"][len("RUN#") :], item[sort_key]["S"]))
-            if len(positions) > limit:
-                break
-        page = positions[:limit]
-        views = [run_of(i) for i in self.table.get_many([{"pk": run_pk(r), "sk": META} for r, _ in page])]
-        found = {view.run_id: view for view in views}
-        items = [found[r] for r, _ in page if r in found and wanted.matches(found[r])]
-        return Page(items, page[-1][1] if len(positions) > limit and page else None)
+            batch.append((item["pk"]["S"][len("RUN#") :], item[sort_key]["S"]))
+            if len(batch) > limit - len(found):
+                read(batch)
+                batch = []
+                if len(found) > limit:
+                    break
+        if batch and len(found) <= limit:
+            read(batch)
+        page = found[:limit]
+        return Page([view for view, _ in page], page[-1][1] if len(found) > limit and page else None)
 
     def list_events(self, run_id: str, *, after_slot: int = 0, limit: int | None = None) -> list[Event]:
         """The run's events after ``after_slot``, from its ``EVENT#`` items (an append's events in one item, or an

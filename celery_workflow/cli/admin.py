@@ -127,9 +127,17 @@ def _with_ticker(label: str, work: Callable[[], T]) -> T:
 @click.command("create-table")
 @click.argument("name")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300.0, show_default=True, help="Seconds to wait.")
-def create_table(name: str, timeout: float) -> None:
+@click.option(
+    "--rebuild-indexes",
+    "rebuild",
+    is_flag=True,
+    help="Rebuild the indexes of an existing table that an earlier version created with another projection.",
+)
+def create_table(name: str, timeout: float, rebuild: bool) -> None:
     """Create the AWS World's DynamoDB table NAME (the Terraform module's WORKFLOW_TABLE) and wait until it is
-    active; a DynamoDB client from the environment (region, credentials, AWS_ENDPOINT_URL)."""
+    active; a DynamoDB client from the environment (region, credentials, AWS_ENDPOINT_URL). An existing table is
+    kept; with --rebuild-indexes its indexes of an earlier version are deleted and built again (listings by
+    workflow fail until the rebuilt index is active)."""
     try:
         import boto3
 
@@ -137,7 +145,7 @@ def create_table(name: str, timeout: float) -> None:
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise BadInput("create-table needs boto3: pip install 'celery-workflow[aws]'") from exc
     click.echo(f"creating DynamoDB table {name} (waiting until it is active) …")
-    create(boto3.client("dynamodb"), name, timeout=timeout)
+    create(boto3.client("dynamodb"), name, timeout=timeout, rebuild=rebuild)
     click.echo(f"table {name} is active")
 
 

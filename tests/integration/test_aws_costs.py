@@ -53,7 +53,7 @@ def test_the_table_spec_comes_from_the_definition_or_the_table(aws: Aws) -> None
     assert spec.keys == ("pk", "sk")
     assert [(i.name, i.keys, i.projection) for i in spec.indexes] == [
         ("list", ("list_pk", "list_sk"), ("status",)),
-        ("list_group", ("list_group_pk", "list_group_sk"), ("status",)),
+        ("list_group", ("list_group_pk", "list_group_sk"), ()),
     ]
     assert TableSpec.describe(aws.dynamodb, TABLE) == spec
 
