@@ -110,7 +110,11 @@ class AWSConfig:
       forever);
     * ``control_url``: a Redis URL for Celery's events and remote control (used by the SQS transport);
     * ``poll_interval``: longest sleep of waiters (``wait_for_terminal``, stream reads): DynamoDB has no
-      notifications.
+      notifications;
+    * ``start_records`` (``WORKFLOW_START_RECORDS=1``): write a ``QUEUE#`` record for each run's start, as versions
+      before issue #31 did, instead of keeping the start in the run's META (:mod:`celery_workflow._aws.starts`). For
+      a rolling upgrade only, while consumers of an earlier version still receive from the queues: they acknowledge
+      a start without a record unrun. Turn it off once every worker and Lambda function runs this version.
     """
 
     base_url: str | None
@@ -124,6 +128,7 @@ class AWSConfig:
     control_url: str | None = None
     poll_interval: float = 0.25
     default_queue: str = DEFAULT_QUEUE
+    start_records: bool = False
 
     def __post_init__(self) -> None:
         if not _text(self.table_name):
@@ -255,6 +260,7 @@ class AWSConfig:
             "queues": queues,
             "scheduler": scheduler,
             "control_url": env.get("WORKFLOW_CONTROL_URL") or None,
+            "start_records": (env.get("WORKFLOW_START_RECORDS") or "").strip().lower() in ("1", "true", "yes"),
         }
         settings.update(overrides)
         return cls(**settings)

@@ -210,7 +210,8 @@ class AWSWorld(TemplateWorld, StoreStreams):
         view, first = template.prepare_run(run, deliveries, ids.utcnow())
         self.queue.check(deliveries)
         # the run's start (its delivery due now) has no record: META holds it (celery_workflow._aws.starts)
-        starting = next((d for d in deliveries if d.run_id == run.run_id and d.not_before is None), None)
+        due_now = (d for d in deliveries if d.run_id == run.run_id and d.not_before is None)
+        starting = None if self.config.start_records else next(due_now, None)
         start = Start.of(starting) if starting is not None else None
         records = [Record.of(d, view.created_at) for d in deliveries if d is not starting]
         meta = {

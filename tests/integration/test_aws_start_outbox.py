@@ -16,6 +16,7 @@ from celery_workflow.aws_lambda import queue_handler
 from celery_workflow.errors import WorldUnavailable
 from celery_workflow.events import EventType
 from celery_workflow.world import Delivery, NewRun
+from celery_workflow.world_sqs import AWSConfig
 from tests.integration.aws_fixtures import TABLE, Aws, aws_fixture, moto_fixture, summing_app  # noqa: F401
 from tests.integration.test_aws_lambda import Context, invoke, sqs_event
 
@@ -182,3 +183,18 @@ def test_a_start_of_an_earlier_version_with_its_queue_record_still_runs(aws: Aws
         assert _queue_records(aws) == []
     finally:
         wf.close()
+
+
+def test_start_records_keep_the_earlier_layout_for_a_rolling_upgrade(aws: Aws) -> None:
+    world = aws.world(start_records=True)
+    world.create_run(
+        NewRun("wrun_upgrade", "wf", {"args": [], "kwargs": {}}), [Delivery("celery", b"s", run_id="wrun_upgrade")]
+    )
+    assert len(_queue_records(aws)) == 1 and "start" not in _meta(aws, "wrun_upgrade")
+    (claimed,) = world.claim(["celery"], lease=30)  # what an earlier version's worker can receive
+    assert claimed.payload == b"s" and not Receipt.parse(claimed.receipt).start
+    world.ack(claimed.receipt)
+    assert _queue_records(aws) == []
+    assert AWSConfig.from_env(
+        {"WORKFLOW_TABLE": TABLE, "WORKFLOW_QUEUE_URL": aws.queue_url, "WORKFLOW_START_RECORDS": "1"}
+    ).start_records
