@@ -43,6 +43,7 @@ from celery_workflow import ids
 from celery_workflow._aws.config import MAX_SQS_DELAY, AWSConfig, QueueConfig
 from celery_workflow._aws.dynamo import Cancelled, ConditionFailed, Table
 from celery_workflow._aws.items import from_item, to_item
+from celery_workflow._aws.receipts import BODY_KEY, Receipt
 from celery_workflow._aws.sqs_calls import SQSCalls
 from celery_workflow._aws.starts import Start, Starts, start_of
 from celery_workflow._aws.table import META, queue_pk, run_pk
@@ -57,8 +58,6 @@ __all__ = ["Receipt", "Record", "SQSQueue", "body_of", "scheduled"]
 
 log = logging.getLogger("celery_workflow.aws")
 
-#: Marks a message body as ours (its value is the body format's version).
-BODY_KEY = "celery_workflow"
 #: The idempotency key of a run's wake-up due now: the run's ``META`` names the one queued and unclaimed
 #: (``pending_wake``), and appends queue no other meanwhile (:mod:`celery_workflow._aws.append`).
 WAKE_KEY = "wake"
@@ -141,45 +140,6 @@ def body_of(text: str) -> tuple[str, str | None] | None:
         return None
     run = data.get("run")
     return data["id"], run if isinstance(run, str) else None
-
-
-#: The receipt tags: a message received here (``sqs``: the World deletes it once done) or handed to a Lambda function
-#: by an event source mapping (``esm``: the mapping deletes it once the handler reports it done).
-RECEIPT_TAGS = ("sqs", "esm")
-
-
-#: The tag's suffix of a run's start (no record: ``id`` is the run's id, ``claim`` the message's receive count).
-START_TAG = "+start"
-
-
-@dataclass(frozen=True, slots=True)
-class Receipt:
-    """What a claim's receipt string carries. ``esm``: the message came from a Lambda event source mapping, which
-    deletes it when the handler does not report it in ``batchItemFailures``: the World never deletes it itself.
-    ``start``: a run's start, which has no record (:mod:`celery_workflow._aws.starts`): ``id`` is the run's id."""
-
-    queue: str
-    id: str
-    claim: int
-    handle: str
-    esm: bool = False
-    start: bool = False
-
-    def __str__(self) -> str:
-        tag = RECEIPT_TAGS[self.esm] + (START_TAG if self.start else "")
-        return f"{tag}|{self.queue}|{self.id}|{self.claim}|{self.handle}"
-
-    @classmethod
-    def parse(cls, text: str) -> Receipt:
-        try:
-            tag, queue, record, claim, handle = text.split("|", 4)
-            start = tag.endswith(START_TAG)
-            tag = tag.removesuffix(START_TAG)
-            if tag not in RECEIPT_TAGS or not handle:
-                raise ValueError(text)
-            return cls(queue, record, int(claim), handle, tag == "esm", start)
-        except (AttributeError, ValueError) as exc:
-            raise WorldError(f"malformed AWS World receipt {text!r}") from exc
 
 
 class SQSQueue(SQSCalls):

@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from celery_workflow import ids
 from celery_workflow._aws.dynamo import ConditionFailed
+from celery_workflow._aws.receipts import BODY_KEY, Receipt
 from celery_workflow._aws.table import META, run_pk
 from celery_workflow.events import RunStatus
 from celery_workflow.world import ClaimedDelivery, Delivery
 
 if TYPE_CHECKING:
-    from celery_workflow._aws.queue import Receipt, SQSQueue
+    from celery_workflow._aws.queue import SQSQueue
 
 __all__ = ["OutboxSweeper", "Start", "Starts", "start_of"]
 
@@ -99,8 +100,6 @@ class Start:
 
     def body(self) -> str:
         """The start's message: the payload travels in it (a fresh ``publish`` id each time it is sent)."""
-        from celery_workflow._aws.queue import BODY_KEY
-
         packed = base64.b64encode(zlib.compress(self.payload, 6)).decode()
         return json.dumps(
             {BODY_KEY: 1, "id": self.id, "run": self.run_id, "publish": ids.ulid(), "start": 1, "payload_z": packed}
@@ -152,8 +151,6 @@ class Starts:
     ) -> ClaimedDelivery | None:
         """A start's message: None when its run is gone or its start done already (the message acknowledged), else
         the delivery (its receipt names the run; its claim is the receive count)."""
-        from celery_workflow._aws.queue import Receipt
-
         start_id, run_id, payload = found
         meta = self.table.get({"pk": run_pk(run_id), "sk": META})
         if meta is None or meta.get("start", {}).get("S") != start_id:  # gone, or done already
