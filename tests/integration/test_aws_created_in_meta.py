@@ -14,16 +14,11 @@ from celery_workflow.world_sqs import AWSWorld
 from tests.integration.aws_fixtures import TABLE, Aws, aws_fixture, moto_fixture  # noqa: F401
 from tests.integration.aws_legacy import created_out_of_meta
 from tests.integration.test_aws_kept_snapshots import calls
+from tests.integration.test_aws_step_views import partition
 
 
 def _sks(aws: Aws, run_id: str) -> list[str]:
-    items = aws.dynamodb.query(
-        TableName=TABLE,
-        KeyConditionExpression="pk = :pk",
-        ExpressionAttributeValues={":pk": {"S": f"RUN#{run_id}"}},
-        ConsistentRead=True,
-    )["Items"]
-    return [i["sk"]["S"] for i in items]
+    return list(partition(aws, run_id))
 
 
 def _meta(aws: Aws, run_id: str) -> dict[str, Any]:
