@@ -57,6 +57,27 @@ BUSY_TIMEOUT_MS = 30_000
 CHANGE_POLL = 0.005
 
 
+def _journal_mode_wal(conn: sqlite3.Connection) -> str:
+    """Put the file in WAL mode (a no-op when it is), retrying for up to ``BUSY_TIMEOUT_MS`` while it is locked.
+
+    SQLite can answer ``database is locked`` here without calling the busy handler: a new connection does not yet know
+    the file is in WAL mode, so the pragma takes the path that changes the mode, and the locks it meets while another
+    process creates the file, runs WAL recovery, or (as the last connection) cleans up the WAL on close fail at once
+    (https://www.sqlite.org/wal.html, "Sometimes queries return SQLITE_BUSY in WAL mode"). Two processes opening one
+    new World at the same moment met it (a prefork worker and its web server do)."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
+
 PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,30}")
 #: The query parameters a ``sqlite://`` URL may carry.
 URL_PARAMETERS = ("prefix",)
@@ -305,7 +326,7 @@ class Database:
             if isinstance(conn, PrefixedConnection):
                 conn.prefix = self.prefix
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _journal_mode_wal(conn)
             if str(mode).lower() != "wal":
                 raise WorldError(f"cannot put {self.path} in WAL mode (got {mode})")
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")

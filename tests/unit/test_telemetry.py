@@ -349,8 +349,8 @@ def test_prefork_children_are_summed_by_the_multiprocess_exporter(
         check="",
     )
     children = [_python(code, {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}) for _ in range(2)]
-    for child in children:
-        _finish(child)
+    outputs = [(child.communicate(timeout=60)[0], child.returncode) for child in children]  # each one's pipe closed
+    assert [rc for _, rc in outputs] == [0, 0], outputs
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
     telemetry = Telemetry(spans=False, registry=CollectorRegistry())
     wf = Workflows(Celery("main"), world=url, broker="app", telemetry=telemetry)
