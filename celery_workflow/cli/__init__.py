@@ -11,6 +11,7 @@
     workflow relay [--queue Q] [--once]                                   publish due deliveries to the app's broker
     workflow migrate                                                      apply the World's schema migrations
     workflow sweep-expired                                                delete the runs past their retention
+    workflow outlive-runs [--workflow W]                                  AWS: ended runs get a lengthened retention
     workflow create-table NAME                                            the AWS World's DynamoDB table
     workflow provision NAME [--queue KEY] [--fifo-queue KEY]              the AWS World's table and queues (export lines)
     workflow inspector [--host H] [--port 8000]                           serve the run inspector
@@ -31,7 +32,7 @@ from typing import Any, TextIO
 
 import click
 
-from celery_workflow.cli.admin import create_table, demo, inspector, migrate, provision, sweep_expired
+from celery_workflow.cli.admin import create_table, demo, inspector, migrate, outlive_runs, provision, sweep_expired
 from celery_workflow.cli.dead_letters import dead_letters
 from celery_workflow.cli.relay import relay
 from celery_workflow.cli.runs import runs
@@ -65,6 +66,7 @@ for _command in (
     relay,
     migrate,
     sweep_expired,
+    outlive_runs,
     create_table,
     provision,
     inspector,

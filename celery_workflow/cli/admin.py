@@ -7,6 +7,8 @@
   migrated) its World already, unless it was opened with ``migrate=False``. Worlds without a schema (AWS) say so.
 * ``sweep-expired`` deletes the ended runs past their retention, as the World's own configuration sets it
   (``PostgresConfig(retention=…)``): run it as ``celery -A app workflow sweep-expired``.
+* ``outlive-runs`` gives the AWS World's ended runs the later time to live a lengthened retention says
+  (:func:`celery_workflow._aws.retention.outlive_runs`).
 * ``provision`` creates an AWS World's table and queues as the Terraform module names them and prints their
   environment as ``export`` lines (:func:`celery_workflow._aws.provision.provision`): the path to an emulator.
 * ``inspector`` serves the run inspector (:func:`celery_workflow.inspector.server.serve`) until interrupted.
@@ -28,7 +30,7 @@ from celery_workflow.cli.session import BadInput, Progress, Session, is_tty
 from celery_workflow.errors import ConfigurationError
 from celery_workflow.world import World
 
-__all__ = ["create_table", "demo", "inspector", "migrate", "provision", "sweep_expired"]
+__all__ = ["create_table", "demo", "inspector", "migrate", "outlive_runs", "provision", "sweep_expired"]
 
 T = TypeVar("T")
 
@@ -122,6 +124,21 @@ def _with_ticker(label: str, work: Callable[[], T]) -> T:
     if failure:
         raise failure[0]
     return result[0]
+
+
+@click.command("outlive-runs")
+@click.option("--workflow", metavar="W", help="Only the runs of this workflow.")
+@pass_session
+def outlive_runs(session: Session, workflow: str | None) -> None:
+    """After lengthening a retention on the AWS World: give the ended runs whose time to live ends before their
+    retention now says the later one (a run's end sets its items' time to live and queues nothing that would come
+    back to it). Reads every run's META once."""
+    world = session.world
+    outlive = getattr(world, "outlive_runs", None)
+    if not callable(outlive):
+        raise BadInput(f"{type(world).__name__} expires runs by its retention sweep: it has no time to live to extend")
+    extended = int(_with_ticker("extending the runs' time to live", lambda: outlive(workflow)))
+    click.echo(f"extended {extended} run{'s' * (extended != 1)}")
 
 
 @click.command("create-table")

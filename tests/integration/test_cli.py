@@ -257,6 +257,8 @@ def test_dead_letters_json_and_batched_redrive_and_purge(wf: Workflows, url: str
 def test_sweep_expired_needs_a_world_with_retention(url: str, wf: Workflows) -> None:
     result = cli(url, "sweep-expired")
     assert result.exit_code == 2 and "SQLiteWorld has no retention sweep" in result.stderr
+    result = cli(url, "outlive-runs")  # the AWS World's command: a SQL World's sweep needs no time to live extended
+    assert result.exit_code == 2 and "SQLiteWorld expires runs by its retention sweep" in result.stderr
 
 
 def test_inspector_serves_the_apps_workflows_or_the_world(

@@ -47,6 +47,7 @@ READ_COMMANDS = [
     ("dead-letters", "redrive", "--all"),
     ("dead-letters", "purge", "--all"),
     ("sweep-expired",),
+    ("outlive-runs",),
     ("inspector", "--port", "0"),
 ]
 
