@@ -11,7 +11,9 @@ import pytest
 
 from celery_workflow import Workflows, ids
 from celery_workflow._aws import starts as starts_module
+from celery_workflow._aws.items import item_size
 from celery_workflow._aws.queue import Receipt
+from celery_workflow.app import decode_message
 from celery_workflow.aws_lambda import queue_handler
 from celery_workflow.errors import WorldUnavailable
 from celery_workflow.events import EventType
@@ -89,6 +91,25 @@ def test_a_one_step_run_leaves_no_queue_record_of_its_start(aws: Aws) -> None:
         _drive(aws, wf, run)
         assert run.result() == 0 and _step_events(run) == ONE_STEP
         assert "start" not in _meta(aws, run.id)  # the delivery's append acked the start in its META update
+    finally:
+        wf.close()
+
+
+def test_a_new_runs_meta_with_its_unsent_start_is_billed_as_one_kilobyte(
+    aws: Aws, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's Celery message (about 960 bytes) deflated against the preset dictionary keeps a new run's META
+    within 1 KB: its transactional put is 2 write units, not 4, and the clean-up after the send 1, not 2."""
+    world = aws.world()
+    wf = summing_app(world, "small-meta-app")
+    try:
+        monkeypatch.setattr(world.queue, "send_body", lambda *a, **k: (_ for _ in ()).throw(WorldUnavailable("gone")))
+        with pytest.raises(WorldUnavailable):
+            wf.start("sum_of", 3, run_id="wrun_small_meta")
+        meta = _meta(aws, "wrun_small_meta")
+        assert item_size(meta) <= 1024
+        message = decode_message(starts_module.inflate(meta["start_z"]["B"]))
+        assert (message.name, message.args) == ("workflow.sum_of", ["wrun_small_meta"])
     finally:
         wf.close()
 
