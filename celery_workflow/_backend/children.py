@@ -35,7 +35,9 @@ from celery_workflow.world import Delivery
 
 __all__ = [
     "WAKE_KEY",
+    "Child",
     "ParentLink",
+    "children_of",
     "close_children",
     "ended_event",
     "link_of",
@@ -140,6 +142,37 @@ def wake_delivery(link: ParentLink) -> Delivery:
     return Delivery(link.queue, payload, link.run_id, None, WAKE_KEY)
 
 
+@dataclass(frozen=True, slots=True)
+class Child:
+    """A child run as its parent's log tells it: ``status`` is its end's (completed, failed, cancelled), or None
+    while the parent has no ``child_ended`` of it (it runs on, or ended after its parent did)."""
+
+    run_id: str
+    workflow_name: str
+    parent_close: str
+    status: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "workflow_name": self.workflow_name,
+            "parent_close": self.parent_close,
+            "status": self.status,
+        }
+
+
+def children_of(events: Sequence[Event]) -> list[Child]:
+    """The child runs a run's log started, in the order it started them."""
+    started: dict[str, ChildStartedData] = {}
+    ended: dict[str, str] = {}
+    for ev in events:
+        if ev.event_type is EventType.CHILD_STARTED:
+            started[str(ev.correlation_id)] = ev.data_as(ChildStartedData)
+        elif ev.event_type is EventType.CHILD_ENDED:
+            ended[str(ev.correlation_id)] = ev.data_as(ChildEndedData).status
+    return [Child(c.run_id, c.workflow_name, c.parent_close, ended.get(cid)) for cid, c in started.items()]
+
+
 def close_children(world: Any, run_id: str, events: Sequence[Event] | None = None, *, depth: int = 0) -> list[str]:
     """Apply the ``parent_close`` policy of run ``run_id``'s children when it has ended: each child still running
     that was started with ``parent_close="cancel"`` is cancelled (and so, in turn, its own children); those started
@@ -148,16 +181,9 @@ def close_children(world: Any, run_id: str, events: Sequence[Event] | None = Non
     Each cancellation is an append of the child's own (a parent's end and its children's are not one transaction:
     a fan-out of 1,000 children would not fit one); the child's end then finds its parent ended and wakes nobody."""
     log = list(events) if events is not None else world.list_events(run_id)
-    started: dict[str, ChildStartedData] = {}
-    ended: set[str] = set()
-    for ev in log:
-        if ev.event_type is EventType.CHILD_STARTED:
-            started[str(ev.correlation_id)] = ev.data_as(ChildStartedData)
-        elif ev.event_type is EventType.CHILD_ENDED:
-            ended.add(str(ev.correlation_id))
     cancelled: list[str] = []
-    for cid, child in started.items():
-        if cid in ended or child.parent_close != "cancel":
+    for child in children_of(log):
+        if child.status is not None or child.parent_close != "cancel":
             continue
         reason = RunCancelledData(reason=f"its parent run {run_id} ended")
         try:

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from celery_workflow import codec
-from celery_workflow._backend.children import close_children
+from celery_workflow._backend.children import children_of, close_children, link_of
 from celery_workflow.cli.session import Session, echo_json, get_run, is_tty
 from celery_workflow.cli.text import shown
 from celery_workflow.errors import RunTerminal
@@ -124,10 +124,14 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
     steps = world.list_steps(run_id)
     events = world.list_events(run_id)
     waits = run_waiting_on(world, run_id)
+    link = link_of(events[:1])
+    children = children_of(events)
     if as_json:
         echo_json(
             {
                 **run_json(run),
+                "parent_run_id": link.run_id if link is not None else None,
+                "children": [child.to_json() for child in children],
                 "waiting_on": waiting_json(waits),
                 "steps": [step_json(s) for s in steps],
                 "events": [event_json(e) for e in events],
@@ -139,6 +143,8 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
     click.echo(f"status    {run.status.value}")
     if run.queue:
         click.echo(f"queue     {_queue(run, unserved(world, [run]))}")
+    if link is not None:
+        click.echo(f"parent    {shown(link.run_id)}")
     click.echo(f"input     {_short(run.input, 100)}")
     if run.status is RunStatus.COMPLETED:
         click.echo(f"output    {_short(run.output, 100)}")
@@ -148,6 +154,11 @@ def show_run(session: Session, run_id: str, as_json: bool) -> None:
         click.echo("\nwaiting on")
         for item in waits:
             click.echo(f"  {shown(describe(item))}")
+    if children:
+        click.echo("\nchildren")
+        for child in children:
+            status = child.status or "no end recorded"
+            click.echo(f"  {shown(child.run_id):36} {shown(child.workflow_name):20} {status}")
     if steps:
         click.echo("\nsteps")
         for step in steps:

@@ -122,6 +122,39 @@ def test_list_show_cancel(wf: Workflows, url: str) -> None:
     assert result.exit_code == 1 and "completed" in result.stderr
 
 
+def test_show_names_a_runs_parent_and_children(wf: Workflows, url: str) -> None:
+    @wf.workflow
+    def kid(n: int) -> int:
+        if n < 0:
+            create_hook(token="cli-kid").wait()
+        return n + 1
+
+    @wf.workflow
+    def family(n: int) -> int:
+        first = kid.start(n)
+        kid.start(-1, parent_close="abandon")
+        return int(first.result())
+
+    run = family.start(1)
+    worker = LocalWorker(wf)
+    worker.run_until(lambda: run.status.terminal)
+    assert run.result() == 2
+    done, waiting = f"{run.id}!1", f"{run.id}!2"
+
+    text = cli(url, "runs", "show", run.id).stdout
+    assert f"  {done:36} kid                  completed\n" in text
+    assert f"  {waiting:36} kid                  no end recorded\n" in text
+    assert "parent" not in text.split("\n\n")[0]
+    shown_json = json.loads(cli(url, "runs", "show", run.id, "--json").stdout)
+    assert shown_json["parent_run_id"] is None
+    assert shown_json["children"] == [
+        {"run_id": done, "workflow_name": "kid", "parent_close": "cancel", "status": "completed"},
+        {"run_id": waiting, "workflow_name": "kid", "parent_close": "abandon", "status": None},
+    ]
+    assert f"parent    {run.id}\n" in cli(url, "runs", "show", waiting).stdout
+    assert json.loads(cli(url, "runs", "show", done, "--json").stdout)["parent_run_id"] == run.id
+
+
 def test_json_output_is_valid_and_complete(wf: Workflows, url: str) -> None:
     flows = register(wf)
     done = flows.doubler.start(21)
