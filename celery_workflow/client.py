@@ -28,7 +28,7 @@ from celery_workflow.errors import (
 )
 from celery_workflow.events import Event, RunStatus, RunView, StepView
 from celery_workflow.runtime.continuation import continued_as
-from celery_workflow.waiting_on import Waiting, run_waiting_on
+from celery_workflow.waiting_on import Waiting, run_waiting_on, waiting_of_json
 
 if TYPE_CHECKING:
     from celery_workflow.runtime.handlers import Runtime
@@ -295,10 +295,12 @@ class HTTPRun:
         return str(self.view()["workflow_name"])
 
     @property
-    def waiting_on(self) -> list[dict[str, Any]]:
-        """What the run waits for, as RPC ``get_run`` answers it (``kind``, the item's fields, ``text``; a hook's token
-        only when the server lets this caller see tokens); empty once it has ended."""
-        return list(self.view().get("waiting_on") or [])
+    def waiting_on(self) -> list[Waiting]:
+        """What the run waits for, as RPC ``get_run`` answers it, typed as :attr:`Run.waiting_on` is (a hook's token
+        only when the server lets this caller see tokens, else None); empty once it has ended. Items of a kind this
+        version does not know (a newer server's) are left out; ``view()["waiting_on"]`` has them all as JSON."""
+        found = (waiting_of_json(item) for item in self.view().get("waiting_on") or [])
+        return [item for item in found if item is not None]
 
     def result(self, timeout: float | None = None, *, follow: bool = True) -> Any:
         """Wait for the run to end (long-polling); return its output or raise like :meth:`Run.result` (following

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from celery_workflow import ids
+from celery_workflow.errors import PayloadError
 from celery_workflow.event_data import EventType
 from celery_workflow.events import Event, RunStatus
 
@@ -39,6 +40,7 @@ __all__ = [
     "describe",
     "run_waiting_on",
     "waiting_json",
+    "waiting_of_json",
     "waiting_on",
 ]
 
@@ -228,6 +230,33 @@ def waiting_json(items: Iterable[Waiting]) -> list[dict[str, Any]]:
         data["text"] = describe(item)
         out.append(data)
     return out
+
+
+#: Each item class by its ``kind``.
+KINDS: dict[str, type[Waiting]] = {
+    str(next(spec.default for spec in fields(cls) if spec.name == "kind")): cls
+    for cls in (Sleep, HookWait, StepRetry, StepWait, QueueWait, ChildWait)
+}
+
+
+def waiting_of_json(data: Mapping[str, Any]) -> Waiting | None:
+    """The item :func:`waiting_json` wrote (its ``text`` dropped: :func:`describe` gives it again); None for a kind
+    this version does not know (a newer server's), PayloadError for one of a known kind whose fields do not fit."""
+    cls = KINDS.get(str(data.get("kind")))
+    if cls is None:
+        return None
+    values: dict[str, Any] = {}
+    try:
+        for spec in fields(cls):
+            if spec.name == "kind" or spec.name not in data:
+                continue
+            value = data[spec.name]
+            if spec.type in ("datetime", "datetime | None") and value is not None:
+                value = ids.parse_iso(value)
+            values[spec.name] = value
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"not a {cls.__name__} of waiting_on: {exc}") from exc
 
 
 def run_waiting_on(world: Any, run_id: str, *, reveal: bool = False) -> list[Waiting]:

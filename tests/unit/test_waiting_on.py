@@ -4,12 +4,13 @@ unless revealed), a step's retry at T with its last error, a queued step, a queu
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery import Celery
 
 from celery_workflow import RetryableError, Workflows, create_hook, sleep
+from celery_workflow.errors import PayloadError
 from celery_workflow.ids import utcnow
 from celery_workflow.testing import LocalWorker, MemoryWorld
 from celery_workflow.waiting_on import (
@@ -19,8 +20,10 @@ from celery_workflow.waiting_on import (
     Sleep,
     StepRetry,
     StepWait,
+    Waiting,
     describe,
     waiting_json,
+    waiting_of_json,
     waiting_on,
 )
 
@@ -162,4 +165,24 @@ def test_the_http_client_reads_it_from_get_run(wf: Workflows) -> None:
     finally:
         server.shutdown()
         thread.join(5)
-    assert item["kind"] == "hook" and item["token"] is None and item["text"] == "hook hook:1 (token hidden)"
+    assert item == run.waiting_on[0] and isinstance(item, HookWait) and item.token is None  # typed, as in-process
+    assert describe(item) == "hook hook:1 (token hidden)"
+
+
+def test_every_kind_reads_back_from_its_json() -> None:
+    at = datetime(2026, 12, 6, 12, 0, 0, 123456, tzinfo=UTC)
+    items: list[Waiting] = [
+        Sleep("wait:1", at),
+        HookWait("hook:1", None, True, {"a": [1]}, at, 2),
+        StepRetry("step:s:1", "s", 2, at, {"type": "ValueError", "message": "no"}),
+        StepRetry("step:s:2", "s", 1, None),
+        StepWait("step:s:3", "s", "running", 1),
+        QueueWait("reports", "run"),
+        ChildWait("child:1", "wrun_x!1", "kid"),
+    ]
+    assert [waiting_of_json(data) for data in waiting_json(items)] == items
+    assert waiting_of_json({"kind": "from-a-newer-server", "x": 1}) is None
+    with pytest.raises(PayloadError):
+        waiting_of_json({"kind": "sleep", "wait_id": "wait:1", "until": "not a time"})
+    with pytest.raises(PayloadError):
+        waiting_of_json({"kind": "queue", "queue": "q"})  # a field missing
