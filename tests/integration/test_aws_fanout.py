@@ -14,7 +14,8 @@ import pytest
 from celery import Celery
 
 from celery_workflow import Workflows
-from celery_workflow._aws.append import APPEND_LIMITS, MAX_TRANSACTION_BYTES, transaction_size
+from celery_workflow._aws.append import APPEND_LIMITS, MAX_TRANSACTION_BYTES
+from celery_workflow._aws.append_actions import transaction_size
 from celery_workflow._aws.items import from_item
 from celery_workflow._aws.table import META, run_pk
 from celery_workflow.errors import EventInvalid, EventTooLarge, HookNotFound
