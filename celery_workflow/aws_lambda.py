@@ -18,6 +18,11 @@
     rpc = rpc_handler(wf)                    # POST /v1/workflow/rpc only
     webhooks = webhook_handler(wf)           # /v1/workflow/webhooks/<token> only
 
+    # tick.py: invoked every minute by EventBridge Scheduler (terraform/: tick_function_name), when no Celery worker
+    # runs: fires the due schedules and sends the starts their writers left unsent
+    from celery_workflow.aws_lambda import tick_handler
+    handler = tick_handler(wf)
+
 :func:`queue_handler` runs the deliveries of an SQS batch and answers ``{"batchItemFailures": [...]}``, so SQS
 redelivers only the messages that failed (the mapping must enable ``ReportBatchItemFailures``, or Lambda deletes the
 whole batch). The handler deletes no message itself: the mapping deletes every message the handler leaves out of
@@ -34,6 +39,19 @@ the ``maxReceiveCount``-th time is not run: it is moved to the dead-letter queue
 its next receive) and its run failed with :class:`~celery_workflow.errors.DeadLettered` as the cause. After a batch
 that ends before halfway, the handler runs the World's outbox sweep, at most once a minute per function instance
 (:class:`celery_workflow._aws.starts.OutboxSweeper`: a start whose writer stopped before sending it is sent).
+
+:func:`tick_handler` does on a Lambda-only deployment what a Celery worker's main process does in the background:
+invoked every minute (an EventBridge Scheduler schedule ``rate(1 minute)`` or an EventBridge rule; the event is not
+read), it makes one pass of the schedules' ticker (:meth:`celery_workflow.schedules.Ticker.tick`: every due
+``wf.schedule(...)`` fires its ticks, one run per tick, claimed so that a tick fired by a worker or another invocation
+is not fired again), then one outbox sweep (:meth:`~celery_workflow.world_sqs.AWSWorld.sweep_outbox`) of the pending
+runs created from :data:`TICK_SWEEP_WINDOW` (15 minutes) ago up to the sweep's grace (a minute) ago: each start is
+looked at by about fourteen invocations, which is harmless, since a start's payload leaves META as soon as it is sent.
+The ticker fires no further schedule once half the invocation's time is gone (the rest stay due for the next
+minute). It answers ``{"schedules_fired": n, "runs_started": n, "starts_sent": n, "errors": {part: message}}``. A
+part that fails is logged and named in ``errors`` (``schedules``, ``outbox``) while the other part still runs; when
+every part that ran failed, it raises :class:`~celery_workflow.errors.TickFailed`, so Lambda records a failed
+invocation (Lambda retries an asynchronous invocation; a pass is idempotent).
 
 :func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
 (API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
@@ -56,16 +74,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
-from celery_workflow import dead_letters
+from celery_workflow import dead_letters, ids
 from celery_workflow._aws.starts import OutboxSweeper
 from celery_workflow.app import Workflows
-from celery_workflow.errors import ConfigurationError
+from celery_workflow.errors import ConfigurationError, TickFailed
+from celery_workflow.worker_setup import ticker_of
 from celery_workflow.world import Claim, ClaimedDelivery, World
 from celery_workflow.world_sqs import AWSWorld, create_table
 
-__all__ = ["create_table", "http_handler", "queue_handler", "retry_delay", "rpc_handler", "webhook_handler"]
+__all__ = [
+    "create_table",
+    "http_handler",
+    "queue_handler",
+    "retry_delay",
+    "rpc_handler",
+    "tick_handler",
+    "webhook_handler",
+]
 
 log = logging.getLogger("celery_workflow.aws_lambda")
 
@@ -73,6 +101,9 @@ log = logging.getLogger("celery_workflow.aws_lambda")
 MAX_BACKOFF = 900.0
 #: A batch runs without a deadline this long when there is no Lambda context (tests, scripts).
 NO_CONTEXT_BUDGET = 900.0
+#: How far back the tick handler's outbox sweep looks: the windows of successive invocations overlap, so a start a
+#: sweep failed to send is sent by a later one.
+TICK_SWEEP_WINDOW = timedelta(minutes=15)
 
 
 def retry_delay(receive_count: int) -> float:
@@ -199,6 +230,42 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         fn(*args)
     except Exception:  # the message comes back after the queue's visibility timeout anyway
         log.warning("%s failed", getattr(fn, "__name__", fn), exc_info=True)
+
+
+def tick_handler(
+    wf: Workflows, *, sweep_window: timedelta = TICK_SWEEP_WINDOW
+) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
+    """The every-minute Lambda handler of ``wf`` (whose World is an :class:`~celery_workflow.world_sqs.AWSWorld`) on a
+    deployment without Celery workers: one pass of the schedules' ticker, one outbox sweep over the last
+    ``sweep_window``; see the module docstring. Build it after the app's workflows are registered."""
+    world = _aws_world(wf.world)
+    ticker = ticker_of(wf)  # None: no workflow a schedule could start
+
+    def handler(event: Mapping[str, Any] | None = None, context: Any = None) -> dict[str, Any]:
+        budget = context.get_remaining_time_in_millis() / 1000 if context is not None else NO_CONTEXT_BUDGET
+        halfway = time.monotonic() + budget / 2
+        summary: dict[str, Any] = {"schedules_fired": 0, "runs_started": 0, "starts_sent": 0, "errors": {}}
+        errors: dict[str, str] = summary["errors"]
+        failure: Exception | None = None
+        if ticker is not None:
+            try:
+                reports, _ = ticker.tick(stop=lambda: time.monotonic() >= halfway)
+                summary["schedules_fired"] = len(reports)
+                summary["runs_started"] = sum(len(report.started) for report in reports)
+            except Exception as exc:
+                log.exception("tick: the schedules' pass failed")
+                errors["schedules"], failure = f"{type(exc).__name__}: {exc}", exc
+        try:  # up to the sweep's grace ago
+            summary["starts_sent"] = world.sweep_outbox(ids.utcnow() - sweep_window)
+        except Exception as exc:
+            log.exception("tick: the outbox sweep failed")
+            errors["outbox"], failure = f"{type(exc).__name__}: {exc}", exc
+        if failure is not None and len(errors) == (2 if ticker is not None else 1):  # nothing succeeded
+            raise TickFailed("; ".join(f"{part}: {error}" for part, error in errors.items())) from failure
+        log.info("tick: %s", summary)
+        return summary
+
+    return handler
 
 
 def http_handler(

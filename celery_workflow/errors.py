@@ -38,7 +38,8 @@ Every error the library raises derives from :class:`CeleryWorkflowError`::
     ├── ResultTimeout               ``Run.result(timeout=...)`` ran out of time
     ├── FatalError                  raised by user code: fail the step without retrying
     ├── RetryableError              raised by user code: retry the step, optionally after a delay
-    └── StepTimedOut                a step attempt ran past its ``timeout`` (a failed attempt, retried)
+    ├── StepTimedOut                a step attempt ran past its ``timeout`` (a failed attempt, retried)
+    └── TickFailed                  every part of a Lambda tick invocation failed (schedules and outbox sweep)
 
 The class docstring is the default message.
 
@@ -317,3 +318,12 @@ class StepFailedReport(DeliveryReport):
 class StepAttemptFailed(DeliveryReport):
     """This step delivery's attempt failed and the step will run again (``step_retrying``, its retry delivery
     written): the cause Celery's ``Retry`` carries, so the task's state is RETRY and ``task-retried`` names it."""
+
+
+# -- Lambda-only deployments: the tick handler -------------------------------------------------------------------
+
+
+class TickFailed(CeleryWorkflowError):
+    """Every part of a Lambda tick invocation failed (the schedules' ticker and the outbox sweep: see
+    :func:`celery_workflow.aws_lambda.tick_handler`); the message names each part's error, the last one is the
+    ``__cause__``. Raised so that Lambda records the invocation as failed."""

@@ -42,6 +42,7 @@ __all__ = [
     "queue_consumers",
     "serve_known_queues",
     "start_ticker",
+    "ticker_of",
     "unserved",
 ]
 
@@ -141,6 +142,14 @@ def connect_worker_signals(wf: Workflows) -> None:
 def start_ticker(wf: Workflows) -> Ticker | None:
     """Start the schedules' ticker of ``wf`` in this process (:mod:`celery_workflow.schedules.ticker`), or None when
     its World keeps no schedules or it has no workflow a schedule could start."""
+    ticker = ticker_of(wf)
+    return ticker.start() if ticker is not None else None
+
+
+def ticker_of(wf: Workflows) -> Ticker | None:
+    """The schedules' ticker of ``wf``, not started (a worker's thread runs it; the Lambda tick handler calls its
+    ``tick`` once per invocation), or None when its World keeps no schedules or it has no workflow a schedule could
+    start."""
     from celery_workflow.schedules import Ticker, WorldStarter, schedules_of
 
     store = schedules_of(wf.world)
@@ -152,7 +161,7 @@ def start_ticker(wf: Workflows) -> Ticker | None:
         get_status=lambda run_id: wf.world.get_run(run_id).status,
         cancel_run=wf.runtime.cancel,
     )
-    return Ticker(store, starter, clock=wf.schedule_clock).start()
+    return Ticker(store, starter, clock=wf.schedule_clock)
 
 
 def queue_consumers(world: World) -> Mapping[str, int] | None:

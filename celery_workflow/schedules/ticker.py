@@ -144,15 +144,21 @@ class Ticker:
 
     # -- one pass --------------------------------------------------------------------------------------------------
 
-    def tick(self) -> tuple[list[TickReport], datetime | None]:
-        """Fire every due schedule once; what was done, and when the next known tick (or lease end) is due."""
+    def tick(self, stop: Callable[[], bool] | None = None) -> tuple[list[TickReport], datetime | None]:
+        """Fire every due schedule once; what was done, and when the next known tick (or lease end) is due.
+        ``stop``: asked before each due schedule is fired; once it answers True, the due schedules left are left to
+        the next pass (a caller with a deadline: the Lambda tick handler)."""
         reports: list[TickReport] = []
         soonest: datetime | None = None
+        left = 0
         for schedule in self.store.list_schedules():
             if schedule.paused or schedule.next_tick is None or not self.starter.knows(schedule.workflow_name):
                 continue
             now = self.clock.now()
             if schedule.due(now):
+                if left or (stop is not None and stop()):
+                    left += 1
+                    continue
                 try:
                     report = self.fire(schedule)
                 except Exception:  # its lease runs out and a ticker tries again; the other schedules go on
@@ -164,7 +170,9 @@ class Ticker:
             else:
                 wake = schedule.lease_until if schedule.leased(now) else schedule.next_tick
                 soonest = wake if soonest is None or (wake is not None and wake < soonest) else soonest
-        if reports:  # what firing stored: look again at once
+        if left:
+            log.warning("schedules: %d due schedule(s) left to the next pass (out of time)", left)
+        if reports or left:  # what firing stored, or what is still due: look again at once
             soonest = self.clock.now()
         return reports, soonest
 
