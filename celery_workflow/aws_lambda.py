@@ -48,7 +48,9 @@ is not fired again), then one outbox sweep (:meth:`~celery_workflow.world_sqs.AW
 runs created from :data:`TICK_SWEEP_WINDOW` (15 minutes) ago up to the sweep's grace (a minute) ago: each start is
 looked at by about fourteen invocations, which is harmless, since a start's payload leaves META as soon as it is sent.
 The ticker fires no further schedule once half the invocation's time is gone (the rest stay due for the next
-minute). It answers ``{"schedules_fired": n, "runs_started": n, "starts_sent": n, "errors": {part: message}}``. A
+minute), and counts a tick late only past its schedule's ``catch_up`` plus the minute between invocations (a tick
+due just after one invocation is seen by the next, up to a minute later: with the default ``catch_up`` of a minute
+it would otherwise be skipped). It answers ``{"schedules_fired": n, "runs_started": n, "starts_sent": n, "errors": {part: message}}``. A
 part that fails is logged and named in ``errors`` (``schedules``, ``outbox``) while the other part still runs; when
 every part that ran failed, it raises :class:`~celery_workflow.errors.TickFailed`, so Lambda records a failed
 invocation (Lambda retries an asynchronous invocation; a pass is idempotent).
@@ -233,13 +235,15 @@ def _quietly(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def tick_handler(
-    wf: Workflows, *, sweep_window: timedelta = TICK_SWEEP_WINDOW
+    wf: Workflows, *, every: float = 60.0, sweep_window: timedelta = TICK_SWEEP_WINDOW
 ) -> Callable[[Mapping[str, Any], Any], dict[str, Any]]:
     """The every-minute Lambda handler of ``wf`` (whose World is an :class:`~celery_workflow.world_sqs.AWSWorld`) on a
     deployment without Celery workers: one pass of the schedules' ticker, one outbox sweep over the last
-    ``sweep_window``; see the module docstring. Build it after the app's workflows are registered."""
+    ``sweep_window``; see the module docstring. ``every``: the seconds between invocations (a tick up to that much
+    later than its schedule's ``catch_up`` is still fired: it could not be seen sooner). Build it after the app's
+    workflows are registered."""
     world = _aws_world(wf.world)
-    ticker = ticker_of(wf)  # None: no workflow a schedule could start
+    ticker = ticker_of(wf, period=every)  # None: no workflow a schedule could start
 
     def handler(event: Mapping[str, Any] | None = None, context: Any = None) -> dict[str, Any]:
         budget = context.get_remaining_time_in_millis() / 1000 if context is not None else NO_CONTEXT_BUDGET

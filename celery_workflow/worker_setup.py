@@ -146,10 +146,10 @@ def start_ticker(wf: Workflows) -> Ticker | None:
     return ticker.start() if ticker is not None else None
 
 
-def ticker_of(wf: Workflows) -> Ticker | None:
+def ticker_of(wf: Workflows, *, period: float = 0.0) -> Ticker | None:
     """The schedules' ticker of ``wf``, not started (a worker's thread runs it; the Lambda tick handler calls its
-    ``tick`` once per invocation), or None when its World keeps no schedules or it has no workflow a schedule could
-    start."""
+    ``tick`` once per invocation, every ``period`` seconds), or None when its World keeps no schedules or it has no
+    workflow a schedule could start."""
     from celery_workflow.schedules import Ticker, WorldStarter, schedules_of
 
     store = schedules_of(wf.world)
@@ -161,7 +161,7 @@ def ticker_of(wf: Workflows) -> Ticker | None:
         get_status=lambda run_id: wf.world.get_run(run_id).status,
         cancel_run=wf.runtime.cancel,
     )
-    return Ticker(store, starter, clock=wf.schedule_clock)
+    return Ticker(store, starter, clock=wf.schedule_clock, period=period)
 
 
 def queue_consumers(world: World) -> Mapping[str, int] | None:

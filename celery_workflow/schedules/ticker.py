@@ -8,7 +8,8 @@ then), and for each due schedule:
 1. **claims** the tick: a compare-and-set of the schedule's version that sets a short lease
    (:attr:`Ticker.lease` real seconds). Of several tickers that see the tick due, one wins; the others skip it.
    A ticker that dies holding the lease leaves the tick to whichever ticker finds the lease run out;
-2. **fires** every tick from ``next_tick`` up to now: a tick later than the schedule's ``catch_up`` window is
+2. **fires** every tick from ``next_tick`` up to now: a tick later than the schedule's ``catch_up`` window (plus the
+   ticker's :attr:`Ticker.period`, for a caller that ticks only so often: the Lambda tick handler, every minute) is
    skipped (missed while nothing ran); one within it starts the run :func:`~.model.tick_run_id` (idempotent by run
    id: a tick fired twice, by a ticker whose lease ran out, starts one run), after applying ``overlap`` to the
    schedule's previous run if it is still going (``skip`` the tick, ``allow`` both, ``cancel_previous``);
@@ -132,12 +133,16 @@ class Ticker:
         lease: float = 30.0,
         poll: float = 5.0,
         holder: str | None = None,
+        period: float = 0.0,
     ) -> None:
         self.store = store
         self.starter = starter
         self.clock: Clock = clock or SystemClock()
         self.lease = lease
         self.poll = poll
+        #: Seconds between two calls of :meth:`tick` by a caller without the thread (0: the thread wakes when a tick
+        #: is due): a tick is late only past its schedule's ``catch_up`` plus this, since it could not be seen sooner.
+        self.period = period
         self.holder = holder or _holder()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -191,7 +196,7 @@ class Ticker:
         args = list(schedule.input.get("args", []))
         kwargs = dict(schedule.input.get("kwargs", {}))
         for tick in ticks:
-            if (now - tick).total_seconds() > schedule.catch_up:
+            if (now - tick).total_seconds() > schedule.catch_up + self.period:
                 report.skipped_late.append(tick)
                 continue
             run_id = tick_run_id(schedule.schedule_id, tick)

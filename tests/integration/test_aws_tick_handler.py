@@ -138,3 +138,16 @@ def test_no_schedule_is_fired_past_half_the_invocations_time(aws: Aws) -> None:
         assert ids.isoformat(wf.schedules.get("every-minute").last_tick) == ids.isoformat(FIRST_TICK)
     finally:
         wf.close()
+
+
+def test_a_tick_seen_up_to_a_minute_past_its_catch_up_is_fired(aws: Aws) -> None:
+    """The tick 00:01 seen at 00:02:10, 70 s late (its catch-up is a minute): the previous invocation, a minute
+    before, could not see it, so it is fired, not skipped; 00:02 is skipped while its run goes on (overlap)."""
+    wf = summing_app(aws.world(), "tick-late-app")
+    try:
+        clock = _due_schedule(wf)
+        clock.move(40)
+        assert tick_handler(wf)({}, Context(60))["runs_started"] == 1
+        assert [r.run_id for r in wf.world.list_runs(workflow="sum_of").items] == [_tick_of(FIRST_TICK)]
+    finally:
+        wf.close()
