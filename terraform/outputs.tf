@@ -128,3 +128,13 @@ output "event_source_mapping_uuids" {
   description = "UUIDs of the worker's event source mappings, by queue (\"tasks\" and the routing names); empty without worker_function_name."
   value       = { for key, m in aws_lambda_event_source_mapping.worker : key => m.uuid }
 }
+
+output "tick_schedule_arn" {
+  description = "ARN of the schedule that invokes the tick function every minute (null without tick_function_name)."
+  value       = var.tick_function_name == null ? null : aws_scheduler_schedule.tick[0].arn
+}
+
+output "tick_role_arn" {
+  description = "ARN of the role the tick schedule invokes the tick function with (null without tick_function_name)."
+  value       = var.tick_function_name == null ? null : aws_iam_role.tick[0].arn
+}

@@ -186,3 +186,9 @@ variable "emulator_credentials" {
     error_message = "emulator_credentials: access_key_id and secret_access_key must not be empty (an emulator accepts any value, e.g. \"testing\")."
   }
 }
+
+variable "tick_function_name" {
+  description = "Name (or ARN) of the tick Lambda function (celery_workflow.aws_lambda.tick_handler), for a deployment without Celery workers. Setting it creates an EventBridge Scheduler schedule <name>-tick in the default group that invokes it every minute (rate(1 minute), no flexible window, no retry) and the role <name>-tick it uses, which may invoke that function only."
+  type        = string
+  default     = null
+}

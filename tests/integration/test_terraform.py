@@ -10,7 +10,9 @@ One root config applies the module twice (in one apply, to save time):
 * ``apps``: ``terraform/examples/step_functions``, the two examples' Tasks table, sample queues and policy;
 * ``plain`` (``cwtf-plain``): no Scheduler, and ``worker_function_name`` set, so the SQS event source mappings are
   created. moto invokes a mapped function synchronously whenever a message reaches its queue (in Docker), so no
-  message is ever sent to this instance's queues: only the mappings themselves are checked.
+  message is ever sent to this instance's queues: only the mappings themselves are checked. ``tick_function_name``
+  is set too (the same function: moto's Scheduler stores schedules and never runs them), so the every-minute tick
+  schedule and its role are created.
 """
 
 from __future__ import annotations
@@ -159,6 +161,7 @@ module "plain" {
   message_retention_seconds  = 3600
   max_receive_count          = 4
   worker_function_name       = aws_lambda_function.worker.function_name
+  tick_function_name         = aws_lambda_function.worker.function_name
   worker_role_name           = aws_iam_role.function.name
   batch_size                 = 20
   maximum_concurrency        = 5
@@ -807,6 +810,32 @@ def test_the_examples_resources_are_what_their_setup_commands_make(deployment: D
     assert [p["PolicyArn"] for p in attached] == [apps["policy_arn"]]
 
 
+def test_the_tick_schedule_invokes_only_the_tick_function_every_minute(deployment: Deployment) -> None:
+    assert deployment.workflow["tick_schedule_arn"] is None and deployment.workflow["tick_role_arn"] is None
+    role_arn = f"arn:aws:iam::{ACCOUNT}:role/{PLAIN}-tick"
+    assert deployment.plain["tick_role_arn"] == role_arn
+    assert deployment.plain["tick_schedule_arn"] == arn("scheduler", f"schedule/default/{PLAIN}-tick")
+    schedule = deployment.client("scheduler").get_schedule(Name=f"{PLAIN}-tick", GroupName="default")
+    assert schedule["ScheduleExpression"] == "rate(1 minute)"
+    assert schedule["FlexibleTimeWindow"] == {"Mode": "OFF"}
+    assert schedule["State"] == "ENABLED"
+    target = schedule["Target"]
+    assert (target["Arn"], target["RoleArn"]) == (arn("lambda", "function:cwtf-worker"), role_arn)
+    assert target["RetryPolicy"] == {"MaximumEventAgeInSeconds": 60, "MaximumRetryAttempts": 0}
+    iam = deployment.client("iam")
+    (name,) = iam.list_role_policies(RoleName=f"{PLAIN}-tick")["PolicyNames"]
+    assert iam.list_attached_role_policies(RoleName=f"{PLAIN}-tick")["AttachedPolicies"] == []
+    document = iam.get_role_policy(RoleName=f"{PLAIN}-tick", PolicyName=name)["PolicyDocument"]
+    assert pairs(document) == {("lambda:InvokeFunction", arn("lambda", "function:cwtf-worker"))}
+    trust = iam.get_role(RoleName=f"{PLAIN}-tick")["Role"]["AssumeRolePolicyDocument"]
+    (statement,) = trust["Statement"]
+    assert statement["Principal"] == {"Service": "scheduler.amazonaws.com"}
+    assert statement["Condition"] == {
+        "StringEquals": {"aws:SourceAccount": ACCOUNT},
+        "ArnEquals": {"aws:SourceArn": arn("scheduler", "schedule-group/default")},
+    }
+
+
 def test_destroy_removes_everything(deployment: Deployment) -> None:
     deployment.destroy()
     dynamodb, sqs, iam = (deployment.client(s) for s in ("dynamodb", "sqs", "iam"))
@@ -816,4 +845,5 @@ def test_destroy_removes_everything(deployment: Deployment) -> None:
     assert [r for r in iam.list_roles()["Roles"] if r["RoleName"].startswith("cwtf")] == []
     groups = deployment.client("scheduler").list_schedule_groups()["ScheduleGroups"]
     assert [g for g in groups if g["Name"].startswith("cwtf")] == []
+    assert deployment.client("scheduler").list_schedules(NamePrefix="cwtf")["Schedules"] == []
     assert deployment.client("lambda").list_event_source_mappings()["EventSourceMappings"] == []
