@@ -1,11 +1,17 @@
-# The AWS World behind three Lambda functions: the worker, fed by the module's SQS event source mappings
-# (celery_workflow.aws_lambda.queue_handler), the RPC behind a Function URL with AWS_IAM auth (rpc_handler), and the
-# webhooks alone behind a public Function URL (webhook_handler: it serves no RPC, so the internet can start or
-# cancel nothing; a webhook is authorised by its token).
+# The AWS World behind four Lambda functions: the worker, fed by the module's SQS event source mappings
+# (celery_workflow.aws_lambda.queue_handler), the tick, invoked every minute by the module's Scheduler schedule
+# (tick_handler: fires the workflow schedules and sends lost starts, which no Celery worker does here), the RPC behind
+# a Function URL with AWS_IAM auth (rpc_handler), and the webhooks alone behind a public Function URL
+# (webhook_handler: it serves no RPC, so the internet can start or cancel nothing; a webhook is authorised by its
+# token).
 #
 #   worker.py:    from celery_workflow.aws_lambda import queue_handler
 #                 from myapp import wf    # Workflows(Celery("app"), world=AWSWorld.from_env(), configure_broker=False)
 #                 handler = queue_handler(wf)
+#
+#   tick.py:      from celery_workflow.aws_lambda import tick_handler
+#                 from myapp import wf
+#                 handler = tick_handler(wf)
 #
 #   api.py:       from celery_workflow.aws_lambda import rpc_handler
 #                 from myapp import wf
@@ -56,6 +62,7 @@ module "workflow" {
 
   name                 = var.name
   worker_function_name = aws_lambda_function.worker.function_name
+  tick_function_name   = aws_lambda_function.tick.function_name
   worker_role_name     = aws_iam_role.worker.name
   api_role_name        = aws_iam_role.api.name
 
@@ -82,6 +89,23 @@ resource "aws_lambda_function" "worker" {
   source_code_hash = filebase64sha256(var.package_file)
   memory_size      = 512
   timeout          = 300 # below the queues' visibility timeout (360 by default)
+
+  environment {
+    variables = local.environment
+  }
+}
+
+# The tick: what a Celery worker's main process would do in the background, once a minute. It runs with the worker's
+# role (the worker policy: it starts runs and sends their messages).
+resource "aws_lambda_function" "tick" {
+  function_name    = "${var.name}-tick"
+  role             = aws_iam_role.worker.arn
+  runtime          = var.runtime
+  handler          = "tick.handler"
+  filename         = var.package_file
+  source_code_hash = filebase64sha256(var.package_file)
+  memory_size      = 512
+  timeout          = 60 # the ticker fires no further schedule past half of it
 
   environment {
     variables = local.environment
