@@ -50,10 +50,11 @@ looked at by about fourteen invocations, which is harmless, since a start's payl
 The ticker fires no further schedule once half the invocation's time is gone (the rest stay due for the next
 minute), and counts a tick late only past its schedule's ``catch_up`` plus the minute between invocations (a tick
 due just after one invocation is seen by the next, up to a minute later: with the default ``catch_up`` of a minute
-it would otherwise be skipped). It answers ``{"schedules_fired": n, "runs_started": n, "starts_sent": n, "errors": {part: message}}``. A
-part that fails is logged and named in ``errors`` (``schedules``, ``outbox``) while the other part still runs; when
-every part that ran failed, it raises :class:`~celery_workflow.errors.TickFailed`, so Lambda records a failed
-invocation (Lambda retries an asynchronous invocation; a pass is idempotent).
+it would otherwise be skipped). It answers
+``{"schedules_fired": n, "runs_started": n, "starts_sent": n, "errors": {part: message}}``. A part that fails is
+logged and named in ``errors`` (``schedules``, ``outbox``) while the other part still runs; when every part that ran
+failed, it raises :class:`~celery_workflow.errors.TickFailed`, so Lambda records a failed invocation (Lambda retries
+an asynchronous invocation; a pass is idempotent).
 
 :func:`http_handler` serves the Flask blueprints (:func:`celery_workflow.api.blueprint`) through ``apig-wsgi``
 (API Gateway REST and HTTP APIs, Function URLs, ALB). It does not authenticate: prefer a Function URL with
