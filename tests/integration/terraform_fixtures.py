@@ -35,6 +35,33 @@ PROVIDER = Path("registry.terraform.io") / "hashicorp" / "aws"
 WORKING_FILES = (".terraform", ".terraform.lock.hcl", "*.tfstate", "*.tfstate.*", "*.tfplan")
 
 
+def moto_provider(endpoint: str, *services: str) -> str:
+    """The root config's ``terraform`` and ``provider "aws"`` blocks for the moto server at ``endpoint``: test
+    credentials, no validation, and the endpoints of ``services`` pointing at it (a service the config touches but
+    ``services`` leaves out would reach the real AWS)."""
+    width = max(len(name) for name in services)
+    endpoints = "".join(f'    {name:{width}} = "{endpoint}"\n' for name in services)
+    return f"""terraform {{
+  required_providers {{
+    aws = {{ source = "hashicorp/aws" }}
+  }}
+}}
+
+provider "aws" {{
+  region                      = "us-east-1"
+  access_key                  = "testing"
+  secret_key                  = "testing"
+  skip_credentials_validation = true
+  skip_metadata_api_check     = true
+  skip_region_validation      = true
+
+  endpoints {{
+{endpoints}  }}
+}}
+
+"""
+
+
 def terraform_binary() -> str | None:
     return shutil.which("terraform")
 

@@ -43,6 +43,7 @@ from tests.integration.terraform_fixtures import (
     allowed,
     copy_module,
     iam_requests,
+    moto_provider,
     pairs,
     plugin_dir,
     read_calls,
@@ -58,31 +59,10 @@ ACCOUNT = "123456789012"  # moto's
 NAME = "cwtf"
 PLAIN = "cwtf-plain"
 
+#: The services the module touches: their endpoints point at the moto server.
+SERVICES = ("dynamodb", "iam", "lambda", "scheduler", "sqs", "sts")
+
 ROOT_CONFIG = """
-terraform {
-  required_providers {
-    aws = { source = "hashicorp/aws" }
-  }
-}
-
-provider "aws" {
-  region                      = "us-east-1"
-  access_key                  = "testing"
-  secret_key                  = "testing"
-  skip_credentials_validation = true
-  skip_metadata_api_check     = true
-  skip_region_validation      = true
-
-  endpoints {
-    dynamodb  = "@MOTO@"
-    iam       = "@MOTO@"
-    lambda    = "@MOTO@"
-    scheduler = "@MOTO@"
-    sqs       = "@MOTO@"
-    sts       = "@MOTO@"
-  }
-}
-
 data "aws_iam_policy_document" "lambda_trust" {
   statement {
     actions = ["sts:AssumeRole"]
@@ -279,7 +259,9 @@ def applying(
     """The root config being applied in the background, when a selected test of this module needs the
     ``deployment``; destroyed afterwards (if no test did)."""
     root = tmp_path_factory.mktemp("tf-root")
-    (root / "main.tf").write_text(ROOT_CONFIG.replace("@MOTO@", moto).replace("@MODULE@", str(MODULE_DIR)))
+    (root / "main.tf").write_text(
+        moto_provider(moto, *SERVICES) + ROOT_CONFIG.replace("@MOTO@", moto).replace("@MODULE@", str(MODULE_DIR))
+    )
     (root / "worker.zip").write_bytes(worker_zip())
     deployed = Deployment(Terraform(*terraform_setup, root), moto)
     selected = [item for item in request.session.items if getattr(item, "module", None) is request.module]
@@ -377,7 +359,7 @@ def test_a_fifo_queue_needs_the_scheduler(
     moto: str, terraform_setup: tuple[str, Path], applying: Deployment, tmp_path: Path
 ) -> None:
     """A FIFO queue without the Scheduler fails the plan, saying why (a precondition: it involves two inputs)."""
-    provider = ROOT_CONFIG[: ROOT_CONFIG.index("data ")].replace("@MOTO@", moto)
+    provider = moto_provider(moto, *SERVICES)
     (tmp_path / "main.tf").write_text(
         provider + f'module "fifo" {{\n  source = "{MODULE_DIR}"\n  enable_scheduler = false\n'
         "  queues = { ordered = { fifo = true } }\n}\n"

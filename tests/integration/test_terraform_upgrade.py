@@ -38,36 +38,15 @@ from celery_workflow.events import EventType, RunStatus
 from celery_workflow.testing._conformance import create, ev
 from celery_workflow.world_sqs import AWSConfig, AWSWorld
 from tests.integration.aws_fixtures import CREDENTIALS, moto_fixture  # noqa: F401
-from tests.integration.terraform_fixtures import MODULE_DIR, Terraform, plugin_dir, terraform_binary
+from tests.integration.terraform_fixtures import MODULE_DIR, Terraform, moto_provider, plugin_dir, terraform_binary
 
 TERRAFORM = terraform_binary()
 pytestmark = pytest.mark.skipif(TERRAFORM is None, reason="the terraform binary is not installed")
 
 NAME = "cwtf-upgrade"
 
-PROVIDER = """
-terraform {
-  required_providers {
-    aws = { source = "hashicorp/aws" }
-  }
-}
-
-provider "aws" {
-  region                      = "us-east-1"
-  access_key                  = "testing"
-  secret_key                  = "testing"
-  skip_credentials_validation = true
-  skip_metadata_api_check     = true
-  skip_region_validation      = true
-
-  # kms too: reading the table's encryption describes the AWS managed key, which must not leave loopback
-  endpoints {
-    dynamodb = "@MOTO@"
-    kms      = "@MOTO@"
-    sts      = "@MOTO@"
-  }
-}
-"""
+#: kms too: reading the table's encryption describes the AWS managed key, which must not leave loopback.
+SERVICES = ("dynamodb", "kms", "sts")
 
 TFVARS = f"""
 name                = "{NAME}"
@@ -134,7 +113,7 @@ def test_apply_upgrades_a_table_of_an_earlier_version_in_place(
 
     root = tmp_path / "root"
     root.mkdir()
-    (root / "provider.tf").write_text(PROVIDER.replace("@MOTO@", moto))
+    (root / "provider.tf").write_text(moto_provider(moto, *SERVICES))
     (root / "variables.tf").write_text((MODULE_DIR / "variables.tf").read_text())
     (root / "terraform.tfvars").write_text(TFVARS)
     current = (MODULE_DIR / "dynamodb.tf").read_text()
