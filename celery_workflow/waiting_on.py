@@ -242,6 +242,8 @@ KINDS: dict[str, type[Waiting]] = {
 def waiting_of_json(data: Mapping[str, Any]) -> Waiting | None:
     """The item :func:`waiting_json` wrote (its ``text`` dropped: :func:`describe` gives it again); None for a kind
     this version does not know (a newer server's), PayloadError for one of a known kind whose fields do not fit."""
+    if not isinstance(data, Mapping):
+        raise PayloadError(f"an item of waiting_on is a JSON object, not {type(data).__name__}")
     cls = KINDS.get(str(data.get("kind")))
     if cls is None:
         return None

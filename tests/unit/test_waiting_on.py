@@ -186,3 +186,5 @@ def test_every_kind_reads_back_from_its_json() -> None:
         waiting_of_json({"kind": "sleep", "wait_id": "wait:1", "until": "not a time"})
     with pytest.raises(PayloadError):
         waiting_of_json({"kind": "queue", "queue": "q"})  # a field missing
+    with pytest.raises(PayloadError):
+        waiting_of_json("sleep")  # type: ignore[arg-type]  # what a broken server may send
