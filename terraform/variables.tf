@@ -133,7 +133,7 @@ variable "queues" {
   validation {
     # <name>-<key>-dlq.fifo must be a valid SQS name; "celery" is the default queue's routing name and "tasks" the
     # default queue's SQS name; a key ending in -dlq could take another queue's dead-letter queue name.
-    condition     = alltrue([for k, q in var.queues : can(regex("^[A-Za-z0-9_-]{1,30}$", k)) && !contains(["celery", "tasks"], k) && !endswith(k, "-dlq")])
+    condition     = alltrue([for k, q in var.queues : can(regex("^[A-Za-z0-9_-]{1,30}$", k)) && !contains(["celery", "tasks"], k) && !can(regex("-dlq$", k))])
     error_message = "queues: each key must be 1 to 30 letters, digits, hyphens or underscores (it is part of SQS queue names), must not end in -dlq, and must not be \"celery\" (the default queue) or \"tasks\" (the task queue's name)."
   }
 
