@@ -80,7 +80,7 @@ open_world(sys.argv[1]).close()
 
 
 def test_processes_opening_one_new_world_together_all_succeed(tmp_path: Path) -> None:
-    for trial in range(3):
+    for trial in range(2):
         url = f"sqlite:///{tmp_path / f'w{trial}.sqlite3'}"
         procs = [
             subprocess.Popen(
