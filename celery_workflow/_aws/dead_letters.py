@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from celery_workflow import codec, ids
-from celery_workflow._aws.queue import body_of
+from celery_workflow._aws.queue import Record, body_of, parse_body
+from celery_workflow._aws.starts import start_of
 from celery_workflow._aws.table import META, queue_pk
 from celery_workflow.dead_letters import DeadLetter, cut_error
 from celery_workflow.errors import DeadLetterNotFound
@@ -168,17 +169,13 @@ class SQSDeadLetters:
 
     def _payload(self, body: str) -> bytes:
         """The delivery's Celery message (from its record, for a World delivery), else the body itself."""
-        parsed = body_of(body)
-        if parsed is None:
+        data = parse_body(body)
+        if data is None:
             return body.encode()
-        from celery_workflow._aws.queue import Record, parse_body
-        from celery_workflow._aws.starts import start_of
-
-        start = start_of(parse_body(body) or {})
+        start = start_of(data)
         if start is not None:  # a run's start carries its payload (it has no record)
             return start[2]
-
-        found = self.world.queue.table.get_many([{"pk": queue_pk(parsed[0]), "sk": META}])
+        found = self.world.queue.table.get_many([{"pk": queue_pk(data["id"]), "sk": META}])
         return Record.from_item(found[0]).payload if found else body.encode()
 
     def list_dead_letters(

@@ -221,25 +221,25 @@ class SQSQueue(SQSCalls):
         """Publish again what the run's outbox still holds (its writer died before sending it): the records it
         lists, and a pending run's start (:mod:`celery_workflow._aws.starts`); how many messages."""
         meta = self.table.get({"pk": run_pk(run_id), "sk": META})
-        return 0 if meta is None else self.republish_meta(run_id, meta, starts=None)
+        if meta is None:
+            return 0
+        return self.republish_meta(run_id, meta, starts=meta.get("status", {}).get("S") == "pending")
 
-    def republish_meta(self, run_id: str, meta: Mapping[str, Any], *, starts: bool | None = False) -> int:
-        """:meth:`republish` on the run's META as read (typed). ``starts``: whether an unsent start is sent too (None:
-        when the run is pending; a start that ran already only lost its outbox clean-up)."""
+    def republish_meta(self, run_id: str, meta: Mapping[str, Any], *, starts: bool = False) -> int:
+        """:meth:`republish` on the run's META as read (typed). ``starts``: whether an unsent start is sent too (a
+        start that ran already only lost its clean-up). What was sent leaves META in one update."""
         outbox = sorted(from_item(meta).get("outbox") or {})
-        sent = 0
-        if starts or (starts is None and meta.get("status", {}).get("S") == "pending"):
-            sent += self.starts.resend(meta)
-        if not outbox:
-            return sent
-        found = self.table.get_many([{"pk": queue_pk(i), "sk": META} for i in outbox])
-        records = [Record.from_item(item) for item in found]
-        for record in records:
-            self.send(record)
-        self.clear_outbox(run_id, outbox)
+        start = starts and self.starts.resend(meta)
+        records: list[Record] = []
+        if outbox:
+            found = self.table.get_many([{"pk": queue_pk(i), "sk": META} for i in outbox])
+            records = [Record.from_item(item) for item in found]
+            for record in records:
+                self.send(record)
+        self.clear_outbox(run_id, outbox, start=start)
         if records:
             log.warning("run %s: published %d delivery(ies) left unsent by a writer that stopped", run_id, len(records))
-        return sent + len(records)
+        return int(start) + len(records)
 
     def clear_outbox(self, run_id: str, record_ids: Sequence[str], *, start: bool = False) -> None:
         """Take published records out of the run's outbox, and a sent start's payload out of META (best effort: a

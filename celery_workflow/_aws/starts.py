@@ -164,12 +164,12 @@ class Starts:
         self.queue.send_body(start.queue, start.body(), group=start.run_id, dedup=start.id)
 
     def resend(self, meta: Mapping[str, Any]) -> bool:
-        """Send the start META still holds unsent (and take it out); whether there was one."""
+        """Send the start META still holds unsent; whether there was one (the caller takes it out of META:
+        :meth:`SQSQueue.republish_meta <celery_workflow._aws.queue.SQSQueue.republish_meta>`)."""
         start = Start.in_meta(meta)
         if start is None:
             return False
         self.send(start)
-        self.queue.clear_outbox(start.run_id, [], start=True)
         log.warning("run %s: sent its start, left unsent by a writer that stopped", start.run_id)
         return True
 
@@ -256,10 +256,11 @@ class Starts:
 
     # -- the sweep -------------------------------------------------------------------------------------------------
 
-    def sweep(self, since: datetime, until: datetime) -> int:
-        """Send what the pending runs created between ``since`` and ``until`` left unsent: their start, and outbox
-        entries older than the append's grace (through the ``list`` index, which projects ``status``, then their
-        META by consistent ``BatchGetItem``). How many runs had something sent."""
+    def sweep(self, since: datetime, until: datetime | None = None) -> int:
+        """Send what the pending runs created between ``since`` and ``until`` (default: :data:`SWEEP_GRACE` ago) left
+        unsent: their start, and outbox entries older than the append's grace (through the ``list`` index, which
+        projects ``status``, then their META by consistent ``BatchGetItem``). How many runs had something sent."""
+        until = until or ids.utcnow() - SWEEP_GRACE
         lo, hi = f"{ids.to_micros(since):016d}", f"{ids.to_micros(until):016d}"
         items = self.table.query(
             "Query (outbox sweep)",

@@ -572,9 +572,7 @@ class AWSWorld(TemplateWorld, StoreStreams):
         """Send what the pending runs created between ``since`` and ``until`` (default: a minute ago) left unsent:
         their start, and outbox entries their writer never published; how many runs had something sent (one
         ``Query`` of the ``list`` index, then their META). A worker's upkeep does this every minute."""
-        from celery_workflow._aws.starts import SWEEP_GRACE
-
-        return self.queue.starts.sweep(since, until or ids.utcnow() - SWEEP_GRACE)
+        return self.queue.starts.sweep(since, until)
 
     def close(self) -> None:
         """Nothing to close: the boto3 clients are the caller's."""
